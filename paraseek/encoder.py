@@ -127,8 +127,11 @@ def preprocess_image(image, spec: ImagePreprocess) -> np.ndarray:
         image = image.resize((size, size), resample)
     else:
         w, h = image.size
-        scale = size / min(w, h)
-        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+        # torchvision's Resize(int): short side -> size, long side truncated (not rounded)
+        if w <= h:
+            nw, nh = size, int(size * h / w)
+        else:
+            nw, nh = int(size * w / h), size
         image = image.resize((nw, nh), resample)
         left = int(round((nw - size) / 2.0))
         top = int(round((nh - size) / 2.0))

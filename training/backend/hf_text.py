@@ -91,6 +91,7 @@ def export_text_encoder(
     export_onnx(
         encoder.eval(), (ids, mask), out / "text.onnx", ["input_ids", "attention_mask"],
         {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}},
+        max_sequence=max_tokens,
     )
     shutil.copyfile(tokenizer_file, out / "tokenizer.json")
     for dest, src in (extra_files or {}).items():

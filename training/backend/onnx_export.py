@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-OPSET = 17
+OPSET = 18
 
 
 def export_onnx(
@@ -18,29 +18,40 @@ def export_onnx(
     input_names: list[str],
     dynamic_axes: dict[str, dict[int, str]],
     output_name: str = "embeddings",
+    max_sequence: int = 512,
 ) -> Path:
-    """Export ``module`` in eval mode with dynamic axes.
+    """Export ``module`` in eval mode with torch.export (the dynamo exporter) and dynamic axes.
 
-    The TorchScript-based exporter is used on purpose: it traces slicing by a dynamic sequence length
-    (``positional_embedding[:L]``) into shape ops without needing explicit dynamic-shape constraints,
-    and the graph it writes is what onnxruntime's transformer optimiser and quantiser expect.
+    ``dynamic_axes`` names axes per input ({"input_ids": {0: "batch", 1: "sequence"}}); axes with the
+    same name share one symbolic dimension. torch.export keeps every shape symbolic; the older
+    TorchScript tracer baked the example's batch and length into nn.MultiheadAttention's reshapes,
+    so its graphs failed at other shapes.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     module = module.eval()
+    dims: dict[str, torch.export.Dim] = {}
+    for axes in dynamic_axes.values():
+        for axis_name in axes.values():
+            if axis_name not in dims:
+                dims[axis_name] = (
+                    torch.export.Dim(axis_name, min=2, max=max_sequence)
+                    if axis_name == "sequence" else torch.export.Dim(axis_name, min=1, max=1 << 16)
+                )
+    dynamic_shapes = {name: {axis: dims[n] for axis, n in axes.items()} for name, axes in dynamic_axes.items()}
     with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", category=DeprecationWarning)
-        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
             example_inputs,
             str(path),
             input_names=input_names,
             output_names=[output_name],
-            dynamic_axes={**dynamic_axes, output_name: {0: "batch"}},
+            dynamic_shapes=dynamic_shapes,
             opset_version=OPSET,
-            do_constant_folding=True,
-            dynamo=False,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
         )
     return path
 

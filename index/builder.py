@@ -1,0 +1,274 @@
+"""Build and update snapshots: decode images in parallel, encode in batches, index, publish."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from index.faiss_index import IndexSpec, create_index, exact_search, train_and_add
+from index.snapshot import (
+    BundleRef,
+    Snapshot,
+    SnapshotError,
+    SnapshotManifest,
+    new_version_name,
+    publish,
+    staging_dir,
+    write_snapshot_files,
+)
+from index.sources import ImageRecord, ImageSource, open_source
+from paraseek.encoder import Encoder
+from paraseek.metrics import overlap_recall
+
+log = logging.getLogger(__name__)
+RECALL_QUERIES = 1000
+
+
+class BuildError(RuntimeError):
+    """Nothing could be indexed."""
+
+
+@dataclass
+class BuildResult:
+    version_dir: Path
+    manifest: SnapshotManifest
+    skipped: list[dict] = field(default_factory=list)
+    images_per_second: float = 0.0
+
+
+def _decode(encoder: Encoder, root: Path, record: ImageRecord):
+    """-> (pixels, width, height) or an error string; never raises (bad files are reported)."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = root / record.path
+    try:
+        with Image.open(path) as im:
+            im.load()  # forces a full decode: truncated files fail here, not later
+            width, height = im.size
+            return encoder.preprocess(im), width, height
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def embed_records(
+    encoder: Encoder,
+    root: Path,
+    records: Sequence[ImageRecord],
+    *,
+    batch_size: int = 32,
+    workers: int | None = None,
+    progress: bool = True,
+) -> tuple[np.ndarray, list[ImageRecord], list[dict], list[dict]]:
+    """-> (vectors, kept records, their size info, skipped [{path, error}])."""
+    workers = workers or min(8, os.cpu_count() or 2)
+    vectors, kept, sizes, skipped, pending = [], [], [], [], []
+    bar = tqdm(total=len(records), unit="img", desc="indexing", disable=not progress, smoothing=0.1)
+
+    def flush():
+        if pending:
+            vectors.append(encoder.encode_pixels(np.stack([p for p, _ in pending])))
+            for _, rec in pending:
+                kept.append(rec)
+            pending.clear()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        # map keeps input order and decodes ahead of the encoder, bounded by the pool's queue
+        for record, result in zip(records, pool.map(lambda r: _decode(encoder, root, r), records)):
+            if isinstance(result, str):
+                skipped.append({"path": record.path, "error": result})
+                log.warning("skipped %s: %s", record.path, result)
+            else:
+                pixels, width, height = result
+                pending.append((pixels, record))
+                sizes.append({"width": width, "height": height})
+                if len(pending) == batch_size:
+                    flush()
+            bar.update(1)
+        flush()
+    bar.close()
+    matrix = np.concatenate(vectors) if vectors else np.zeros((0, encoder.dim), np.float32)
+    return matrix, kept, sizes, skipped
+
+
+def _metadata(records: Iterable[ImageRecord], sizes: Iterable[dict]) -> list[dict]:
+    rows = []
+    for rec, size in zip(records, sizes):
+        row = {k: v for k, v in asdict(rec).items() if v not in (None, [])}
+        row.update(size)
+        rows.append(row)
+    return rows
+
+
+def measure_recall(index, spec: IndexSpec, vectors, ids, queries, k: int = 10) -> tuple[float | None, int]:
+    if spec.exact or len(ids) == 0:
+        return None, 0
+    queries = queries[:RECALL_QUERIES]
+    truth = exact_search(vectors, ids, queries, k)
+    _, got = index.search(np.ascontiguousarray(queries, np.float32), truth.shape[1])
+    return overlap_recall(got, truth), len(queries)
+
+
+def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Real queries where the source has captions (one per image), else a sample of the vectors."""
+    rng = np.random.default_rng(seed)
+    captions = [row["captions"][0] for row in metadata if row.get("captions")]
+    if captions:
+        pick = rng.permutation(len(captions))[:RECALL_QUERIES]
+        return encoder.encode_text([captions[i] for i in pick])
+    pick = rng.permutation(len(vectors))[:RECALL_QUERIES]
+    return vectors[pick]
+
+
+def _finish(
+    root: Path, stage: Path, encoder: Encoder, spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray,
+    metadata: list[dict], source: dict, report: dict, parent: str | None, version: str, index=None,
+) -> tuple[Path, SnapshotManifest]:
+    """Build the index (unless given), measure its recall, write and publish the version."""
+    if len(np.unique(ids)) != len(ids):
+        raise BuildError("duplicate image ids in the source (two images with the same id or path)")
+    if index is None:
+        spec = spec.resolved(len(ids), encoder.dim)
+        index = train_and_add(create_index(spec, encoder.dim), vectors, ids)
+    recall, n_queries = measure_recall(index, spec, vectors, ids, _recall_queries(encoder, metadata, vectors))
+    write_snapshot_files(stage, index, ids, vectors, metadata, report)
+    manifest = SnapshotManifest(
+        version=version,
+        created_at=datetime.now(timezone.utc).isoformat(),
+        parent=parent,
+        bundle=BundleRef(name=encoder.name, version=encoder.version, image_space=encoder.image_space),
+        image_space=encoder.image_space,
+        count=len(ids),
+        dim=encoder.dim,
+        index=spec,
+        recall_at_10=recall,
+        recall_queries=n_queries,
+        source=source,
+    )
+    return publish(root, stage, manifest), manifest
+
+
+def build_snapshot(
+    source: str | Path | ImageSource,
+    encoder: Encoder,
+    out_root: str | Path,
+    *,
+    spec: IndexSpec | None = None,
+    image_root: str | Path | None = None,
+    batch_size: int = 32,
+    workers: int | None = None,
+    progress: bool = True,
+) -> BuildResult:
+    """Index a whole source into a new snapshot version and publish it as ``current``."""
+    if not encoder.has_image_tower:
+        raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
+    src = source if isinstance(source, ImageSource) else open_source(source, image_root)
+    root = Path(out_root)
+    root.mkdir(parents=True, exist_ok=True)
+    version = new_version_name(root)
+    stage = staging_dir(root, version)
+    try:
+        start = time.perf_counter()
+        vectors, kept, sizes, skipped = embed_records(
+            encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress
+        )
+        seconds = time.perf_counter() - start
+        if not kept:
+            raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
+        ids = np.array([r.id for r in kept], dtype=np.int64)
+        report = {
+            "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
+            "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
+        }
+        source_info = {"kind": src.kind, "root": str(src.root.resolve()),
+                       "annotations": str(src.annotations.resolve()) if src.annotations else None}
+        final, manifest = _finish(
+            root, stage, encoder, spec or IndexSpec(), vectors, ids, _metadata(kept, sizes),
+            source_info, report, None, version,
+        )
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
+        raise
+    return BuildResult(final, manifest, skipped, report["images_per_second"])
+
+
+def update_snapshot(
+    root: str | Path,
+    encoder: Encoder,
+    *,
+    add: str | Path | ImageSource | None = None,
+    remove: Sequence[int] = (),
+    retrain: bool = False,
+    image_root: str | Path | None = None,
+    progress: bool = True,
+) -> BuildResult:
+    """New version = current +/- images, without re-encoding the images already indexed.
+
+    Flat and HNSW take new vectors as they are. IVF indexes keep their trained quantiser unless
+    ``retrain``. Removal rebuilds the index structure from the stored vectors (HNSW graphs cannot
+    delete), still without re-encoding.
+    """
+    root = Path(root)
+    base = Snapshot.load(root, image_space=encoder.image_space)
+    m = base.manifest
+    vectors = np.asarray(base.vectors())
+    ids = base.ids.copy()
+    metadata = [base.metadata[int(i)] for i in ids]
+    skipped: list[dict] = []
+    added = 0
+    if remove:
+        unknown = sorted(set(int(r) for r in remove) - set(ids.tolist()))
+        if unknown:
+            raise SnapshotError(f"ids not in snapshot {m.version}: {unknown[:10]}")
+        keep = ~np.isin(ids, np.asarray(remove, dtype=np.int64))
+        vectors, ids = vectors[keep], ids[keep]
+        metadata = [row for row, k in zip(metadata, keep) if k]
+    if add is not None:
+        src = add if isinstance(add, ImageSource) else open_source(add, image_root)
+        if Path(m.source.get("root", "")).resolve() != src.root.resolve():
+            # paths in metadata are relative to one root: keep them resolvable
+            for rec in src.records:
+                rec.path = str((src.root / rec.path).resolve())
+        present = set(ids.tolist())
+        new = [r for r in src.records if r.id not in present]
+        new_vec, kept, sizes, skipped = embed_records(encoder, src.root, new, progress=progress)
+        vectors = np.concatenate([vectors, new_vec])
+        ids = np.concatenate([ids, np.array([r.id for r in kept], np.int64)])
+        metadata += _metadata(kept, sizes)
+        added = len(kept)
+    if len(ids) == 0:
+        raise BuildError("the update would leave the snapshot empty")
+    import faiss
+
+    spec = m.index
+    index = faiss.read_index(str(base.path / "index.faiss"))
+    if remove:
+        if spec.type == "hnsw":
+            index = None  # HNSW graphs cannot delete: rebuild from the stored vectors
+        else:
+            index.remove_ids(np.asarray(list(remove), dtype=np.int64))
+    if retrain:
+        index, spec = None, spec.model_copy(update={"nlist": None, "pq_m": None})
+    if index is not None and added:
+        index.add_with_ids(np.ascontiguousarray(vectors[-added:], np.float32), ids[-added:])
+    version = new_version_name(root)
+    stage = staging_dir(root, version)
+    report = {"parent": m.version, "added": added, "removed": len(remove), "skipped": skipped,
+              "retrained": retrain, "index_rebuilt": index is None}
+    try:
+        final, manifest = _finish(
+            root, stage, encoder, spec, vectors, ids, metadata, m.source, report, m.version, version, index=index
+        )
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return BuildResult(final, manifest, skipped)

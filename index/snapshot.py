@@ -1,0 +1,239 @@
+"""Versioned index snapshots: atomic publication, verified loading, search.
+
+Layout of a snapshot root::
+
+    ROOT/current                 text file naming the published version (replaced atomically)
+    ROOT/versions/<version>/     index.faiss, ids.npy, vectors.npy, metadata.jsonl, report.json,
+                                 manifest.json (sha256 of every file)
+
+A build writes ``versions/.tmp-<version>``, fsyncs it, renames it into place and only then replaces
+``current``; an interrupted build leaves ``current`` (and the version it names) untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import faiss
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from index.faiss_index import IndexSpec, apply_search_params, set_threads, to_search_device
+from paraseek.bundle import sha256_file
+
+CURRENT = "current"
+VERSIONS = "versions"
+MANIFEST = "manifest.json"
+FILES = ("index.faiss", "ids.npy", "vectors.npy", "metadata.jsonl", "report.json")
+FORMAT_VERSION = 1
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot is missing, altered, or does not fit the bundle it is used with."""
+
+
+class BundleRef(BaseModel):
+    name: str
+    version: str
+    image_space: str
+
+
+class SnapshotManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    version: str
+    created_at: str
+    parent: str | None = None
+    bundle: BundleRef
+    image_space: str
+    count: int
+    dim: int
+    index: IndexSpec
+    recall_at_10: float | None = Field(None, description="vs exact search; None for exact indexes")
+    recall_queries: int = 0
+    source: dict = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def new_version_name(root: Path) -> str:
+    """Sortable, unique version names: v0001-20261122T080000Z, v0002-..."""
+    versions = root / VERSIONS
+    existing = [p.name for p in versions.iterdir()] if versions.is_dir() else []
+    numbers = [int(n[1:5]) for n in existing if n.startswith("v") and n[1:5].isdigit()]
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"v{max(numbers, default=0) + 1:04d}-{stamp}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def staging_dir(root: Path, version: str) -> Path:
+    path = root / VERSIONS / f".tmp-{version}"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def write_snapshot_files(
+    stage: Path, index: faiss.Index, ids: np.ndarray, vectors: np.ndarray, metadata: list[dict], report: dict
+) -> None:
+    faiss.write_index(index, str(stage / "index.faiss"))
+    np.save(stage / "ids.npy", ids.astype(np.int64))
+    np.save(stage / "vectors.npy", vectors.astype(np.float32))
+    with open(stage / "metadata.jsonl", "w") as f:
+        for row in metadata:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    (stage / "report.json").write_text(json.dumps(report, indent=2))
+
+
+def publish(root: Path, stage: Path, manifest: SnapshotManifest) -> Path:
+    """Checksum, fsync and rename the staged version into place, then point ``current`` at it."""
+    files = {name: sha256_file(stage / name) for name in FILES}
+    manifest = manifest.model_copy(update={"files": files})
+    (stage / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+    for name in (*FILES, MANIFEST):
+        with open(stage / name, "rb") as f:
+            os.fsync(f.fileno())
+    final = root / VERSIONS / manifest.version
+    os.rename(stage, final)
+    _fsync_dir(root / VERSIONS)
+    tmp = root / (CURRENT + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(manifest.version + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / CURRENT)
+    _fsync_dir(root)
+    return final
+
+
+def current_version(root: str | Path) -> str | None:
+    path = Path(root) / CURRENT
+    return path.read_text().strip() if path.is_file() else None
+
+
+def resolve(path: str | Path) -> Path:
+    """A snapshot root (follows ``current``) or a version directory -> the version directory."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path
+    version = current_version(path)
+    if version is None:
+        raise SnapshotError(f"{path} is neither a snapshot version nor a snapshot root with a '{CURRENT}' file")
+    target = path / VERSIONS / version
+    if not target.is_dir():
+        raise SnapshotError(f"{path}/{CURRENT} names version {version!r}, which does not exist")
+    return target
+
+
+def read_snapshot_manifest(version_dir: Path) -> SnapshotManifest:
+    try:
+        return SnapshotManifest.model_validate_json((version_dir / MANIFEST).read_text())
+    except (OSError, ValidationError) as exc:
+        raise SnapshotError(f"snapshot {version_dir}: {MANIFEST} is unreadable or malformed: {exc}") from exc
+
+
+@dataclass
+class SearchHit:
+    id: int
+    score: float
+    rank: int
+    metadata: dict
+
+
+class Snapshot:
+    """A loaded, verified snapshot, ready to search."""
+
+    def __init__(self, version_dir: Path, manifest: SnapshotManifest, index, ids, metadata, device: str):
+        self.path = version_dir
+        self.manifest = manifest
+        self.index = index
+        self.ids = ids
+        self.metadata = metadata
+        self.device = device
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        image_space: str | None = None,
+        verify: bool = True,
+        threads: int | None = None,
+        use_gpu: bool | None = None,
+    ) -> "Snapshot":
+        version_dir = resolve(path)
+        manifest = read_snapshot_manifest(version_dir)
+        if image_space is not None and image_space != manifest.image_space:
+            raise SnapshotError(
+                f"snapshot {manifest.version} was built in image space {manifest.image_space!r} "
+                f"(bundle {manifest.bundle.name} v{manifest.bundle.version}); the query bundle's image "
+                f"space is {image_space!r}. Use a bundle aligned to that image space, or reindex with this bundle."
+            )
+        if verify:
+            for name, expected in manifest.files.items():
+                p = version_dir / name
+                if not p.is_file():
+                    raise SnapshotError(f"snapshot {version_dir}: file {name!r} is missing")
+                if sha256_file(p) != expected:
+                    raise SnapshotError(f"snapshot {version_dir}: file {name!r} does not match its sha256")
+        set_threads(threads)
+        index = faiss.read_index(str(version_dir / "index.faiss"))
+        apply_search_params(index, manifest.index)
+        index, device = to_search_device(index, manifest.index, use_gpu)
+        ids = np.load(version_dir / "ids.npy")
+        metadata = {}
+        with open(version_dir / "metadata.jsonl") as f:
+            for line in f:
+                row = json.loads(line)
+                metadata[int(row["id"])] = row
+        if index.ntotal != len(ids) or len(metadata) != len(ids):
+            raise SnapshotError(f"snapshot {version_dir}: index, ids and metadata disagree on the vector count")
+        return cls(version_dir, manifest, index, ids, metadata, device)
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids), each (Q, k'), k' = min(k, size); padded ids are -1."""
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if queries.shape[1] != self.manifest.dim:
+            raise SnapshotError(f"query dim {queries.shape[1]} != snapshot dim {self.manifest.dim}")
+        return self.index.search(queries, min(int(k), len(self.ids)))
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[SearchHit]]:
+        scores, ids = self.search_ids(queries, k)
+        return [
+            [
+                SearchHit(id=int(i), score=float(s), rank=r + 1, metadata=self.metadata[int(i)])
+                for r, (s, i) in enumerate(zip(srow, irow))
+                if i >= 0
+            ]
+            for srow, irow in zip(scores, ids)
+        ]
+
+    def image_path(self, image_id: int) -> Path | None:
+        row = self.metadata.get(int(image_id))
+        if row is None:
+            return None
+        root = Path(self.manifest.source.get("root", ""))
+        return root / row["path"]
+
+    def vectors(self) -> np.ndarray:
+        return np.load(self.path / "vectors.npy", mmap_mode="r")

@@ -1,0 +1,295 @@
+"""The ``paraseek`` command line. Subcommands are grouped by what they work on.
+
+torch is imported only by ``models`` commands that export (they import ``training``); index and
+search commands run on onnxruntime and faiss.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help=__doc__.splitlines()[0], no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="Build, export, quantise and inspect model bundles.", no_args_is_help=True)
+index_app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (print side-by-side ratios measured in one run).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(index_app, name="index")
+app.add_typer(bench_app, name="bench")
+
+console = Console()
+err = Console(stderr=True)
+
+
+def home() -> Path:
+    """Where default bundles and snapshots live (PARASEEK_HOME, default ~/.cache/paraseek)."""
+    return Path(os.environ.get("PARASEEK_HOME", Path.home() / ".cache" / "paraseek"))
+
+
+def default_bundle() -> Path:
+    return home() / "bundles" / "starter"
+
+
+def default_snapshot() -> Path:
+    return home() / "snapshots" / "demo"
+
+
+def user_errors(fn):
+    """Turn the errors a user can cause into a one-line message and exit code 2 (no traceback)."""
+    from index.builder import BuildError
+    from index.snapshot import SnapshotError
+    from index.sources import SourceError
+    from paraseek.bundle import BundleError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (BundleError, SnapshotError, SourceError, BuildError, FileNotFoundError, ValueError) as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level.")):
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+# -- models -----------------------------------------------------------------------------------
+def _quantize(out: Path, int8: bool) -> None:
+    if int8:
+        from paraseek.demo import demo_captions
+        from training.backend.quantize import quantize_text_tower
+
+        spec = quantize_text_tower(out, demo_captions())
+        console.print(f"int8 text tower: cosine vs fp32 mean {spec.cosine_vs_fp32_mean:.4f}, min {spec.cosine_vs_fp32_min:.4f}")
+
+
+@models_app.command("build-starter")
+@user_errors
+def build_starter_cmd(
+    out: Path = typer.Option(None, help="Bundle directory (default: $PARASEEK_HOME/bundles/starter)."),
+    int8: bool = typer.Option(True, help="Also write the int8 text tower."),
+):
+    """Build the offline starter dual encoder (MiniLM text + EfficientNet-Lite0 image) as a bundle."""
+    from training.backend.starter import build_starter
+
+    out = out or default_bundle()
+    manifest = build_starter(out, int8=int8)
+    console.print(f"starter bundle written to {out} (dim {manifest.embedding_dim}, image_space {manifest.image_space})")
+
+
+@models_app.command("export-openclip")
+@user_errors
+def export_openclip_cmd(
+    model: str = typer.Argument("", help="open_clip model name, e.g. ViT-B-32 (or empty with --model-config)."),
+    out: Path = typer.Option(..., help="Bundle directory to write."),
+    pretrained: Optional[str] = typer.Option(None, help="open_clip pretrained tag or a local checkpoint file."),
+    model_config: Optional[Path] = typer.Option(None, help="JSON architecture config (registered under its file stem)."),
+    image_space: Optional[str] = typer.Option(None, help="Override the image-space id (keep it for text-only fine-tunes)."),
+    no_image: bool = typer.Option(False, "--no-image", help="Export the text tower only."),
+    int8: bool = typer.Option(False, help="Also write an int8 text tower and report its agreement."),
+    name: Optional[str] = typer.Option(None),
+    version: str = typer.Option("1"),
+):
+    """Export an open_clip model (both towers) to a bundle."""
+    from training.backend.openclip import export_open_clip
+
+    if not model and model_config is None:
+        raise ValueError("give an open_clip model name or --model-config")
+    manifest = export_open_clip(
+        model, out, pretrained=pretrained, model_config=model_config, name=name, version=version,
+        image_space=image_space, include_image=not no_image,
+    )
+    _quantize(out, int8)
+    console.print(f"bundle {manifest.name} written to {out} (image_space {manifest.image_space})")
+
+
+@models_app.command("export-hf")
+@user_errors
+def export_hf_cmd(
+    model_dir: Path = typer.Argument(..., help="Local Hugging Face sentence-encoder directory."),
+    out: Path = typer.Option(..., help="Bundle directory to write."),
+    image_space: Optional[str] = typer.Option(None, help="Image-space id the encoder is aligned to."),
+    int8: bool = typer.Option(False, help="Also write an int8 text tower."),
+    name: Optional[str] = typer.Option(None),
+    version: str = typer.Option("1"),
+):
+    """Export a Hugging Face sentence encoder (mean pooling) to a text bundle."""
+    from training.backend.hf_text import export_hf_text
+
+    manifest = export_hf_text(model_dir, out, name=name, version=version, image_space=image_space)
+    _quantize(out, int8)
+    console.print(f"bundle {manifest.name} written to {out}")
+
+
+@models_app.command("info")
+@user_errors
+def models_info_cmd(bundle: Path = typer.Argument(None, help="Bundle directory (default: the starter).")):
+    """Verify a bundle's checksums and print its manifest."""
+    from paraseek.bundle import read_manifest
+
+    manifest = read_manifest(bundle or default_bundle())
+    console.print_json(manifest.model_dump_json())
+
+
+# -- index ------------------------------------------------------------------------------------
+def _encoder(bundle: Path | None, threads: int | None = None, precision: str = "fp32"):
+    from paraseek.encoder import Encoder
+
+    return Encoder(bundle or default_bundle(), threads=threads, precision=precision)
+
+
+@index_app.command("build")
+@user_errors
+def index_build_cmd(
+    source: Path = typer.Argument(..., help="Image folder, or a COCO-format captions/instances JSON."),
+    bundle: Optional[Path] = typer.Option(None, help="Bundle with an image tower (default: the starter)."),
+    out: Optional[Path] = typer.Option(None, help="Snapshot root (default: $PARASEEK_HOME/snapshots/demo)."),
+    images: Optional[Path] = typer.Option(None, help="Image folder of a COCO JSON (default: beside it)."),
+    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_pq"),
+    params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32, "ef_search": 64}\'.'),
+    batch_size: int = typer.Option(32, min=1),
+    workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),
+):
+    """Embed a source into a new snapshot version and publish it."""
+    from index.builder import build_snapshot
+    from index.faiss_index import IndexSpec
+
+    spec = IndexSpec.model_validate({"type": index_type, **(json.loads(params) if params else {})})
+    result = build_snapshot(
+        source, _encoder(bundle), out or default_snapshot(), spec=spec, image_root=images,
+        batch_size=batch_size, workers=workers,
+    )
+    m = result.manifest
+    console.print(
+        f"published {m.version}: {m.count} images, index {m.index.type}, "
+        f"{result.images_per_second:.1f} images/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
+    )
+    for item in result.skipped:
+        err.print(f"skipped {item['path']}: {item['error']}", highlight=False)
+
+
+@index_app.command("update")
+@user_errors
+def index_update_cmd(
+    root: Path = typer.Argument(..., help="Snapshot root."),
+    bundle: Optional[Path] = typer.Option(None),
+    add: Optional[Path] = typer.Option(None, help="Image folder or COCO JSON to add."),
+    remove: List[int] = typer.Option([], help="Image id to remove (repeatable)."),
+    retrain: bool = typer.Option(False, help="Re-train IVF quantisers on the new contents."),
+):
+    """Add/remove images: a new snapshot version, the old one untouched."""
+    from index.builder import update_snapshot
+
+    if add is None and not remove and not retrain:
+        raise ValueError("nothing to do: give --add, --remove or --retrain")
+    result = update_snapshot(root, _encoder(bundle), add=add, remove=remove, retrain=retrain)
+    console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images")
+
+
+@index_app.command("info")
+@user_errors
+def index_info_cmd(root: Path = typer.Argument(None, help="Snapshot root or version directory.")):
+    """Print a snapshot's manifest."""
+    from index.snapshot import read_snapshot_manifest, resolve
+
+    console.print_json(read_snapshot_manifest(resolve(root or default_snapshot())).model_dump_json())
+
+
+def _print_results(query: str, hits) -> None:
+    table = Table(title=f"“{query}”", title_justify="left")
+    for col in ("rank", "score", "id", "image", "caption"):
+        table.add_column(col)
+    for hit in hits:
+        caps = hit.metadata.get("captions") or [""]
+        table.add_row(str(hit.rank), f"{hit.score:.3f}", str(hit.id), hit.metadata["path"], caps[0])
+    console.print(table)
+
+
+@index_app.command("search")
+@user_errors
+def index_search_cmd(
+    queries: List[str] = typer.Argument(..., help="One or more text queries."),
+    root: Optional[Path] = typer.Option(None, "--snapshot", help="Snapshot root (default: the demo)."),
+    bundle: Optional[Path] = typer.Option(None),
+    k: int = typer.Option(5, min=1, max=1000),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+):
+    """Search a snapshot with text queries from the command line."""
+    from index.snapshot import Snapshot
+
+    enc = _encoder(bundle, threads=1)
+    snap = Snapshot.load(root or default_snapshot(), image_space=enc.image_space, threads=1)
+    results = snap.search(enc.encode_text(queries), k)
+    if as_json:
+        console.print_json(json.dumps([
+            {"query": q, "results": [{"id": h.id, "score": h.score, "rank": h.rank, "path": h.metadata["path"]} for h in hits]}
+            for q, hits in zip(queries, results)
+        ]))
+        return
+    for q, hits in zip(queries, results):
+        _print_results(q, hits)
+
+
+# -- the embedded default ----------------------------------------------------------------------
+DEMO_QUERIES = ["a dog playing outside", "people riding bikes in a city street", "a plate of food on a table"]
+
+
+@app.command("demo")
+@user_errors
+def demo_cmd(
+    queries: Optional[List[str]] = typer.Argument(None, help="Queries (default: three examples)."),
+    k: int = typer.Option(3, min=1, max=76),
+    rebuild: bool = typer.Option(False, help="Rebuild the starter bundle and the demo index."),
+):
+    """The embedded default: starter bundle + the bundled 76-photo COCO gallery, searched from the CLI.
+
+    Builds the starter bundle and the demo index on first use (about a minute), then answers.
+    """
+    from index.builder import build_snapshot
+    from index.snapshot import Snapshot, current_version
+    from paraseek.demo import CAPTIONS_FILE, GALLERY_DIR
+
+    bundle, snap_root = default_bundle(), default_snapshot()
+    if rebuild or not (bundle / "manifest.json").is_file():
+        from training.backend.starter import build_starter
+
+        err.print(f"building the starter bundle in {bundle} ...")
+        build_starter(bundle)
+    enc = _encoder(bundle, threads=1)
+    if rebuild or current_version(snap_root) is None:
+        err.print(f"indexing the demo gallery into {snap_root} ...")
+        build_snapshot(CAPTIONS_FILE, enc, snap_root, image_root=GALLERY_DIR)
+    snap = Snapshot.load(snap_root, image_space=enc.image_space, threads=1)
+    queries = queries or DEMO_QUERIES
+    for q, hits in zip(queries, snap.search(enc.encode_text(queries), k)):
+        _print_results(q, hits)
+
+
+# -- bench ------------------------------------------------------------------------------------
+@bench_app.command("encoder")
+def bench_encoder_cmd(
+    repeats: int = typer.Option(30, min=3, help="Timed runs per configuration (median reported)."),
+    workdir: Optional[Path] = typer.Option(None, help="Where to export the benchmark bundles."),
+    threads: int = typer.Option(0, help="onnxruntime/torch threads (0: all cores)."),
+):
+    """torch eager (77 tokens) vs bundle runtime (fp32/int8, truncated), batch 1 and 32."""
+    from loadtests.bench_encoder import run
+
+    sys.exit(run(repeats=repeats, workdir=workdir, threads=threads or None))
+
+
+if __name__ == "__main__":
+    app()
