@@ -154,7 +154,7 @@ def _finish(
         recall_queries=n_queries,
         source=source,
     )
-    return publish(root, stage, manifest), manifest
+    return publish(root, stage, manifest)
 
 
 def build_snapshot(

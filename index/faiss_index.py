@@ -45,6 +45,10 @@ class IndexSpec(BaseModel):
             while dim % m:
                 m -= 1
             upd["pq_m"] = m
+            # each PQ codebook trains 2**nbits centroids on the vectors: shrink codes for small sets
+            if count < 16:
+                raise ValueError(f"ivf_pq needs at least 16 vectors to train, the source has {count}: use flat")
+            upd["pq_nbits"] = min(self.pq_nbits, int(math.log2(count)))
         return self.model_copy(update=upd)
 
     @property

@@ -98,7 +98,7 @@ def write_snapshot_files(
     (stage / "report.json").write_text(json.dumps(report, indent=2))
 
 
-def publish(root: Path, stage: Path, manifest: SnapshotManifest) -> Path:
+def publish(root: Path, stage: Path, manifest: SnapshotManifest) -> tuple[Path, SnapshotManifest]:
     """Checksum, fsync and rename the staged version into place, then point ``current`` at it."""
     files = {name: sha256_file(stage / name) for name in FILES}
     manifest = manifest.model_copy(update={"files": files})
@@ -116,7 +116,7 @@ def publish(root: Path, stage: Path, manifest: SnapshotManifest) -> Path:
         os.fsync(f.fileno())
     os.replace(tmp, root / CURRENT)
     _fsync_dir(root)
-    return final
+    return final, manifest
 
 
 def current_version(root: str | Path) -> str | None:

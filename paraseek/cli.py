@@ -224,7 +224,7 @@ def index_search_cmd(
     queries: List[str] = typer.Argument(..., help="One or more text queries."),
     root: Optional[Path] = typer.Option(None, "--snapshot", help="Snapshot root (default: the demo)."),
     bundle: Optional[Path] = typer.Option(None),
-    k: int = typer.Option(5, min=1, max=1000),
+    k: int = typer.Option(5, "--k", "-k", min=1, max=1000, help="Results per query."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ):
     """Search a snapshot with text queries from the command line."""
@@ -251,7 +251,7 @@ DEMO_QUERIES = ["a dog playing outside", "people riding bikes in a city street",
 @user_errors
 def demo_cmd(
     queries: Optional[List[str]] = typer.Argument(None, help="Queries (default: three examples)."),
-    k: int = typer.Option(3, min=1, max=76),
+    k: int = typer.Option(3, "--k", "-k", min=1, max=76, help="Results per query."),
     rebuild: bool = typer.Option(False, help="Rebuild the starter bundle and the demo index."),
 ):
     """The embedded default: starter bundle + the bundled 76-photo COCO gallery, searched from the CLI.

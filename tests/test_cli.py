@@ -1,0 +1,65 @@
+"""The paraseek CLI as users run it (in-process through typer's runner)."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from paraseek.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch, starter_bundle):
+    monkeypatch.setenv("PARASEEK_HOME", str(tmp_path / "home"))
+    shutil.copytree(starter_bundle, tmp_path / "home" / "bundles" / "starter")
+    return tmp_path / "home"
+
+
+def test_demo_is_the_embedded_default(home):
+    result = runner.invoke(app, ["demo", "a plate of food on a table", "-k", "2"])
+    assert result.exit_code == 0, result.output
+    assert "rank" in result.output and ".jpg" in result.output
+    assert (home / "snapshots" / "demo" / "current").is_file()
+    info = runner.invoke(app, ["index", "info"])
+    assert json.loads(info.output)["count"] == 76
+
+
+def test_index_build_and_search_json(home, shared_data, tmp_path):
+    out = tmp_path / "snap"
+    r = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
+                            "--type", "hnsw", "--params", '{"ef_search": 64}'])
+    assert r.exit_code == 0, r.output
+    assert "159 images" in r.output and "recall@10" in r.output
+    r = runner.invoke(app, ["index", "search", "two giraffes", "--snapshot", str(out), "-k", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert rows[0]["query"] == "two giraffes" and len(rows[0]["results"]) == 4
+
+
+def test_models_info_verifies(home):
+    r = runner.invoke(app, ["models", "info"])
+    assert r.exit_code == 0 and json.loads(r.output)["name"] == "paraseek-starter"
+    (home / "bundles" / "starter" / "text.onnx").write_bytes(b"broken")
+    r = runner.invoke(app, ["models", "info"])
+    assert r.exit_code == 2 and "text.onnx" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["index", "build", "/nonexistent/folder"], "does not exist"),
+        (["index", "search", "x", "--snapshot", "/nonexistent"], "neither a snapshot"),
+        (["index", "build", "pyproject.toml"], "neither an image folder"),
+        (["index", "search", "   "], "empty"),
+        (["index", "build", ".", "--type", "kdtree"], "type"),
+    ],
+)
+def test_bad_input_gives_message_and_exit_2(home, args, message):
+    if args[:2] == ["index", "search"] and args[2] == "   ":
+        runner.invoke(app, ["demo", "x", "-k", "1"])
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
