@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -68,6 +68,7 @@ def embed_records(
     batch_size: int = 32,
     workers: int | None = None,
     progress: bool = True,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, list[ImageRecord], list[dict], list[dict]]:
     """-> (vectors, kept records, their size info, skipped [{path, error}])."""
     workers = workers or min(8, os.cpu_count() or 2)
@@ -94,6 +95,8 @@ def embed_records(
                 if len(pending) == batch_size:
                     flush()
             bar.update(1)
+            if on_progress:
+                on_progress(bar.n, len(records))
         flush()
     bar.close()
     matrix = np.concatenate(vectors) if vectors else np.zeros((0, encoder.dim), np.float32)
@@ -132,6 +135,7 @@ def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray,
 def _finish(
     root: Path, stage: Path, encoder: Encoder, spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray,
     metadata: list[dict], source: dict, report: dict, parent: str | None, version: str, index=None,
+    activate: bool = True,
 ) -> tuple[Path, SnapshotManifest]:
     """Build the index (unless given), measure its recall, write and publish the version."""
     if len(np.unique(ids)) != len(ids):
@@ -154,7 +158,7 @@ def _finish(
         recall_queries=n_queries,
         source=source,
     )
-    return publish(root, stage, manifest)
+    return publish(root, stage, manifest, activate=activate)
 
 
 def build_snapshot(
@@ -167,8 +171,13 @@ def build_snapshot(
     batch_size: int = 32,
     workers: int | None = None,
     progress: bool = True,
+    on_progress: Callable[[int, int], None] | None = None,
+    activate: bool = True,
 ) -> BuildResult:
-    """Index a whole source into a new snapshot version and publish it as ``current``."""
+    """Index a whole source into a new snapshot version and publish it as ``current``.
+
+    With ``activate=False`` the version is written but ``current`` is left alone: the caller validates
+    it and then calls ``index.snapshot.activate``."""
     if not encoder.has_image_tower:
         raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
     src = source if isinstance(source, ImageSource) else open_source(source, image_root)
@@ -179,7 +188,8 @@ def build_snapshot(
     try:
         start = time.perf_counter()
         vectors, kept, sizes, skipped = embed_records(
-            encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress
+            encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress,
+            on_progress=on_progress,
         )
         seconds = time.perf_counter() - start
         if not kept:
@@ -193,7 +203,7 @@ def build_snapshot(
                        "annotations": str(src.annotations.resolve()) if src.annotations else None}
         final, manifest = _finish(
             root, stage, encoder, spec or IndexSpec(), vectors, ids, _metadata(kept, sizes),
-            source_info, report, None, version,
+            source_info, report, None, version, activate=activate,
         )
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched

@@ -98,8 +98,9 @@ def write_snapshot_files(
     (stage / "report.json").write_text(json.dumps(report, indent=2))
 
 
-def publish(root: Path, stage: Path, manifest: SnapshotManifest) -> tuple[Path, SnapshotManifest]:
-    """Checksum, fsync and rename the staged version into place, then point ``current`` at it."""
+def publish(root: Path, stage: Path, manifest: SnapshotManifest, activate: bool = True) -> tuple[Path, SnapshotManifest]:
+    """Checksum, fsync and rename the staged version into place, then (``activate``) point
+    ``current`` at it."""
     files = {name: sha256_file(stage / name) for name in FILES}
     manifest = manifest.model_copy(update={"files": files})
     (stage / MANIFEST).write_text(manifest.model_dump_json(indent=2))
@@ -109,14 +110,23 @@ def publish(root: Path, stage: Path, manifest: SnapshotManifest) -> tuple[Path, 
     final = root / VERSIONS / manifest.version
     os.rename(stage, final)
     _fsync_dir(root / VERSIONS)
+    if activate:
+        activate_version(root, manifest.version)
+    return final, manifest
+
+
+def activate_version(root: Path, version: str) -> None:
+    """Atomically point ``current`` at an existing version (write, fsync, rename)."""
+    root = Path(root)
+    if not (root / VERSIONS / version / MANIFEST).is_file():
+        raise SnapshotError(f"cannot activate {version!r}: no such version in {root}")
     tmp = root / (CURRENT + ".tmp")
     with open(tmp, "w") as f:
-        f.write(manifest.version + "\n")
+        f.write(version + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / CURRENT)
     _fsync_dir(root)
-    return final, manifest
 
 
 def current_version(root: str | Path) -> str | None:

@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from paraseek.paths import default_bundle, default_snapshot
+
 app = typer.Typer(help=__doc__.splitlines()[0], no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Build, export, quantise and inspect model bundles.", no_args_is_help=True)
 index_app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
@@ -28,19 +30,6 @@ app.add_typer(bench_app, name="bench")
 
 console = Console()
 err = Console(stderr=True)
-
-
-def home() -> Path:
-    """Where default bundles and snapshots live (PARASEEK_HOME, default ~/.cache/paraseek)."""
-    return Path(os.environ.get("PARASEEK_HOME", Path.home() / ".cache" / "paraseek"))
-
-
-def default_bundle() -> Path:
-    return home() / "bundles" / "starter"
-
-
-def default_snapshot() -> Path:
-    return home() / "snapshots" / "demo"
 
 
 def user_errors(fn):
@@ -244,6 +233,43 @@ def index_search_cmd(
 
 
 # -- the embedded default ----------------------------------------------------------------------
+def ensure_embedded_default(rebuild: bool = False) -> tuple[Path, Path]:
+    """The starter bundle and the demo-gallery snapshot under $PARASEEK_HOME, built if missing."""
+    from index.builder import build_snapshot
+    from index.snapshot import current_version
+    from paraseek.demo import CAPTIONS_FILE, GALLERY_DIR
+
+    bundle, snap_root = default_bundle(), default_snapshot()
+    if rebuild or not (bundle / "manifest.json").is_file():
+        from training.backend.starter import build_starter
+
+        err.print(f"building the starter bundle in {bundle} ...")
+        build_starter(bundle)
+    if rebuild or current_version(snap_root) is None:
+        err.print(f"indexing the demo gallery into {snap_root} ...")
+        build_snapshot(CAPTIONS_FILE, _encoder(bundle), snap_root, image_root=GALLERY_DIR)
+    return bundle, snap_root
+
+
+@app.command("serve")
+@user_errors
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, min=1, max=65535),
+):
+    """Run the HTTP service; settings come from PARASEEK_* variables (PARASEEK_BUNDLE,
+    PARASEEK_SNAPSHOT, PARASEEK_REDIS_URL, PARASEEK_ADMIN_TOKEN, ...).
+
+    Without PARASEEK_BUNDLE/PARASEEK_SNAPSHOT it serves the embedded default (starter bundle + demo
+    gallery), building them on first use.
+    """
+    from service.main import run
+    from service.settings import Settings
+
+    if not os.environ.get("PARASEEK_BUNDLE") and not os.environ.get("PARASEEK_SNAPSHOT"):
+        ensure_embedded_default()
+    run(host=host, port=port, settings=Settings())
+
 DEMO_QUERIES = ["a dog playing outside", "people riding bikes in a city street", "a plate of food on a table"]
 
 
@@ -258,20 +284,10 @@ def demo_cmd(
 
     Builds the starter bundle and the demo index on first use (about a minute), then answers.
     """
-    from index.builder import build_snapshot
-    from index.snapshot import Snapshot, current_version
-    from paraseek.demo import CAPTIONS_FILE, GALLERY_DIR
+    from index.snapshot import Snapshot
 
-    bundle, snap_root = default_bundle(), default_snapshot()
-    if rebuild or not (bundle / "manifest.json").is_file():
-        from training.backend.starter import build_starter
-
-        err.print(f"building the starter bundle in {bundle} ...")
-        build_starter(bundle)
+    bundle, snap_root = ensure_embedded_default(rebuild)
     enc = _encoder(bundle, threads=1)
-    if rebuild or current_version(snap_root) is None:
-        err.print(f"indexing the demo gallery into {snap_root} ...")
-        build_snapshot(CAPTIONS_FILE, enc, snap_root, image_root=GALLERY_DIR)
     snap = Snapshot.load(snap_root, image_space=enc.image_space, threads=1)
     queries = queries or DEMO_QUERIES
     for q, hits in zip(queries, snap.search(enc.encode_text(queries), k)):

@@ -111,6 +111,10 @@ class BundleTokenizer:
             )
         return TokenBatch(ids, mask, truncated)
 
+    def is_truncated(self, texts: Sequence[str]) -> list[bool]:
+        prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
+        return [bool(e.overflowing) for e in self._tok.encode_batch(prepared)]
+
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
         return [len(e.ids) for e in self._tok.encode_batch(prepared)]

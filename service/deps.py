@@ -1,0 +1,42 @@
+"""FastAPI dependencies: the engine, the job manager, and the admin guard."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.engine import SearchEngine
+from service.jobs import JobManager
+from service.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_engine(request: Request) -> SearchEngine:
+    return request.app.state.engine
+
+
+def get_jobs(request: Request) -> JobManager:
+    return request.app.state.jobs
+
+
+def require_admin(
+    settings: Settings = Depends(get_settings),
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+) -> None:
+    """Admin routes need the configured bearer token. With no token configured they are disabled
+    (404), never open. The comparison takes the same time whatever the mismatch."""
+    if settings.admin_token is None or not settings.admin_token.get_secret_value():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "admin routes are disabled (no PARASEEK_ADMIN_TOKEN)")
+    if credentials is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+    expected = settings.admin_token.get_secret_value().encode()
+    if not hmac.compare_digest(credentials.credentials.encode(), expected):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong admin token")

@@ -1,0 +1,134 @@
+"""The FastAPI application: settings, engine and job manager in app.state, routers per resource."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from paraseek import __version__
+from paraseek.encoder import EmptyTextError
+from service.engine import RequestError, SearchEngine
+from service.jobs import JobManager
+from service.logging_config import configure_logging, request_id
+from service.metrics import ServiceMetrics
+from service.routes import admin, images, info, search
+from service.settings import Settings
+
+log = logging.getLogger("paraseek.access")
+
+
+class BodySizeLimit:
+    """Pure ASGI middleware: 413 for bodies over the limit, declared or streamed."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send):
+        body = b'{"detail":[{"loc":["body"],"msg":"request body too large","type":"too_large"}]}'
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _error(status: int, loc: list, msg: str, kind: str) -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=status)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = ServiceMetrics()
+    engine = SearchEngine(settings, metrics)
+    jobs = JobManager(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.start()
+        yield
+        jobs.shutdown()
+        await engine.stop()
+
+    app = FastAPI(title="paraseek", version=__version__, lifespan=lifespan,
+                  description="Text-to-image search whose answers stay the same when a user rephrases the query.")
+    app.state.settings, app.state.engine, app.state.jobs = settings, engine, jobs
+    for router in (search.router, images.router, info.router, admin.router):
+        app.include_router(router)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        token = request_id.set(rid)
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            response.headers["x-request-id"] = rid
+            return response
+        finally:
+            route = request.scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            elapsed = time.perf_counter() - start
+            metrics.requests.labels(path, request.method, str(status)).inc()
+            metrics.latency.labels(path).observe(elapsed)
+            if path not in ("/metrics", "/healthz", "/readyz"):
+                log.info("request", extra={"route": path, "method": request.method, "status": status,
+                                           "ms": round(elapsed * 1000, 2)})
+            request_id.reset(token)
+
+    @app.exception_handler(RequestError)
+    async def request_error(_: Request, exc: RequestError):
+        return _error(exc.status, ["body", *exc.field.split(".")], str(exc), "request_error")
+
+    @app.exception_handler(EmptyTextError)
+    async def empty_text(_: Request, exc: EmptyTextError):
+        return _error(422, ["body", "query"], str(exc), "value_error")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = None) -> None:
+    """One process: the encoder uses every core for each batch, so more workers would contend."""
+    import uvicorn
+
+    settings = settings or Settings()
+    configure_logging(settings.log_json)
+    uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)

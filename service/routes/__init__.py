@@ -1,0 +1,1 @@
+"""Routers, one module per resource; ``service.main`` assembles them."""

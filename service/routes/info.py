@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.deps import get_engine
+from service.engine import SearchEngine
+
+router = APIRouter(tags=["info"])
+
+
+@router.get("/v1/info")
+async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
+    """Bundle, snapshot, index type, vector count and recall of what is serving."""
+    active = engine.require_active()
+    m, e = active.snapshot.manifest, active.encoder
+    return {
+        "bundle": {"name": e.name, "version": e.version, "image_space": e.image_space, "precision": e.precision,
+                   "dim": e.dim, "providers": e.providers},
+        "snapshot": {"version": m.version, "created_at": m.created_at, "count": m.count, "index": m.index.model_dump(),
+                     "recall_at_10": m.recall_at_10, "device": active.snapshot.device},
+        "cache": engine.cache.backend,
+        "batching": engine.batcher.enabled,
+    }
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(engine: SearchEngine = Depends(get_engine)):
+    """Readiness: a model and an index are loaded."""
+    if engine.ready:
+        return {"status": "ready", "snapshot": engine.active.snapshot.version}
+    return JSONResponse({"status": "not ready", "error": engine.load_error}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(engine: SearchEngine = Depends(get_engine)) -> Response:
+    """Prometheus metrics."""
+    return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)

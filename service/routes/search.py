@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+
+from service.deps import get_engine, get_settings
+from service.engine import RequestError, SearchEngine
+from service.schemas import BatchSearchRequest, BatchSearchResponse, SearchRequest, SearchResponse
+from service.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["search"])
+
+
+@router.post("/search", response_model=SearchResponse, response_model_exclude_none=True)
+async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)) -> SearchResponse:
+    """Text-to-image search, with optional query expansion, consistency report and weighted terms."""
+    return await engine.search(req)
+
+
+@router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True)
+async def search_batch(
+    req: BatchSearchRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)
+) -> BatchSearchResponse:
+    """Many searches in one call; their texts share encoder batches."""
+    if len(req.requests) > settings.max_batch_queries:
+        raise RequestError("requests", f"at most {settings.max_batch_queries} requests per batch")
+    results = await asyncio.gather(*(engine.search(r) for r in req.requests), return_exceptions=True)
+    for i, r in enumerate(results):
+        if isinstance(r, RequestError):
+            raise RequestError(f"requests.{i}.{r.field}", str(r), r.status)
+        if isinstance(r, BaseException):
+            raise r
+    return BatchSearchResponse(responses=results)

@@ -1,0 +1,54 @@
+"""Service settings from the environment (prefix PARASEEK_), e.g. PARASEEK_REDIS_URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from paraseek.paths import default_bundle, default_snapshot, home
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PARASEEK_", env_file=None, extra="ignore")
+
+    bundle: Path = Field(default_factory=default_bundle)
+    snapshot: Path = Field(default_factory=default_snapshot)
+    precision: str = Field("fp32", pattern="^(fp32|int8)$")
+    encoder_threads: int | None = Field(None, ge=1)
+    faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
+
+    # micro-batching of concurrent requests' texts into one encoder call
+    batching: bool = True
+    max_batch_size: int = Field(64, ge=1, le=1024)
+    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+
+    # caches: Redis when a URL is given, else an in-process LRU
+    redis_url: str | None = None
+    redis_timeout_s: float = Field(0.25, gt=0)
+    redis_retry_after_s: float = Field(5.0, ge=0, description="skip Redis this long after an error")
+    embedding_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    result_ttl_s: int = Field(600, ge=1)
+    lru_size: int = Field(10_000, ge=0)
+
+    # request limits
+    max_query_chars: int = Field(1000, ge=1)
+    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    max_batch_queries: int = Field(64, ge=1)
+    consistency_threshold: float = Field(0.5, ge=0, le=1, description="mean AO@k at or above -> stable")
+
+    # admin routes are disabled unless a token is set
+    admin_token: SecretStr | None = None
+    reindex_root: Path | None = Field(None, description="where reindex jobs may read sources (None: anywhere)")
+
+    # paraphrase / expansion sources
+    ppdb_path: Path | None = None
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_timeout_s: float = Field(20.0, gt=0)
+    llm_retries: int = Field(2, ge=0)
+    llm_cache: Path | None = Field(default_factory=lambda: home() / "llm-cache.jsonl")
+
+    log_json: bool = True
