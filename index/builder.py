@@ -84,7 +84,7 @@ def embed_records(
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # map keeps input order and decodes ahead of the encoder, bounded by the pool's queue
-        for record, result in zip(records, pool.map(lambda r: _decode(encoder, root, r), records)):
+        for done, (record, result) in enumerate(zip(records, pool.map(lambda r: _decode(encoder, root, r), records)), 1):
             if isinstance(result, str):
                 skipped.append({"path": record.path, "error": result})
                 log.warning("skipped %s: %s", record.path, result)
@@ -96,7 +96,7 @@ def embed_records(
                     flush()
             bar.update(1)
             if on_progress:
-                on_progress(bar.n, len(records))
+                on_progress(done, len(records))
         flush()
     bar.close()
     matrix = np.concatenate(vectors) if vectors else np.zeros((0, encoder.dim), np.float32)

@@ -1,0 +1,170 @@
+"""Service fixtures: the demo snapshot, in-process apps, a real uvicorn, a real redis-server and a
+fake OpenAI-compatible endpoint, all on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from index.builder import build_snapshot
+from paraseek.demo import CAPTIONS_FILE, GALLERY_DIR
+
+ADMIN_TOKEN = "s3cret-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def demo_snapshot(starter_encoder, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo-snap")
+    build_snapshot(CAPTIONS_FILE, starter_encoder, root, image_root=GALLERY_DIR, progress=False)
+    return root
+
+
+@pytest.fixture()
+def snapshot_copy(demo_snapshot, tmp_path) -> Path:
+    """A private copy for tests that reindex."""
+    dst = tmp_path / "snap"
+    shutil.copytree(demo_snapshot, dst)
+    return dst
+
+
+@pytest.fixture()
+def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path):
+    from service.settings import Settings
+
+    os.environ.setdefault("NLTK_DATA", str(shared_data / "nltk_data"))
+
+    def make(**overrides) -> Settings:
+        base = dict(bundle=starter_bundle, snapshot=demo_snapshot, admin_token=ADMIN_TOKEN, log_json=False,
+                    llm_cache=tmp_path / "llm-cache.jsonl")
+        base.update(overrides)
+        return Settings(**base)
+
+    return make
+
+
+@pytest.fixture()
+def client(make_settings):
+    from service.main import create_app
+
+    with TestClient(create_app(make_settings())) as c:
+        yield c
+
+
+@pytest.fixture()
+def redis_server(tmp_path):
+    """A real redis-server on loopback; the test may kill it (``proc``)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (README install step)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.05)
+    yield {"url": f"redis://127.0.0.1:{port}/0", "proc": proc}
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture()
+def uvicorn_server(starter_bundle, shared_data, tmp_path):
+    """Start ``paraseek`` over a real uvicorn on loopback with the given PARASEEK_* environment."""
+    procs = []
+
+    def start(snapshot: Path, **env) -> str:
+        port = free_port()
+        full_env = {**os.environ, "PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(snapshot),
+                    "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_LOG_JSON": "true",
+                    "NLTK_DATA": str(shared_data / "nltk_data"), **{k: str(v) for k, v in env.items()}}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)],
+            env=full_env, stdout=open(tmp_path / f"server-{port}.log", "w"), stderr=subprocess.STDOUT,
+        )
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {(tmp_path / f'server-{port}.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail("server did not become ready")
+
+    yield start
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class _FakeChat(BaseHTTPRequestHandler):
+    calls: list = []
+    fail = False
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        _FakeChat.calls.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
+        if _FakeChat.fail:
+            self.send_response(503)
+            self.end_headers()
+            return
+        prompt = body["messages"][0]["content"]
+        text = prompt.rsplit(": ", 1)[-1]
+        n = len(_FakeChat.calls)
+        if "avoiding" in prompt:
+            reply = f"an image that depicts {text.lower()} (variant {n})"
+        else:
+            reply = f"a picture of {text.lower().rstrip('.')} (version {n})"
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def fake_llm():
+    _FakeChat.calls = []
+    _FakeChat.fail = False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeChat)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield {"url": f"http://127.0.0.1:{server.server_address[1]}/v1", "handler": _FakeChat}
+    server.shutdown()

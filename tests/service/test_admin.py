@@ -1,0 +1,81 @@
+"""Admin routes: token guard, reindex jobs (success swaps, failure keeps the old snapshot), reload."""
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from tests.service.conftest import ADMIN_TOKEN
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def wait_job(c, job_id, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH).json()
+        if job["state"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError("job did not finish")
+
+
+def test_admin_disabled_without_token(make_settings):
+    with TestClient(create_app(make_settings(admin_token=None))) as c:
+        r = c.post("/v1/admin/reindex", json={"source": "x"}, headers=AUTH)
+        assert r.status_code == 404 and "disabled" in r.text
+
+
+@pytest.mark.parametrize("headers, status", [({}, 401), ({"Authorization": "Bearer wrong"}, 403),
+                                              ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401)])
+def test_admin_requires_the_token(client, headers, status):
+    assert client.post("/v1/admin/reindex", json={"source": "x"}, headers=headers).status_code == status
+    assert client.get("/v1/admin/jobs/abc", headers=headers).status_code == status
+    assert client.post("/v1/admin/reload", json={"bundle": "x"}, headers=headers).status_code == status
+
+
+def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data):
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
+        before = c.get("/v1/info").json()["snapshot"]
+        r = c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json"),
+                                              "index_type": "hnsw"}, headers=AUTH)
+        assert r.status_code == 202
+        job = wait_job(c, r.json()["id"])
+        assert job["state"] == "succeeded", job
+        assert job["report"]["indexed"] == 159 and job["progress"]["done"] == 159
+        after = c.get("/v1/info").json()["snapshot"]
+        assert after["count"] == 159 and after["version"] == job["snapshot_version"] != before["version"]
+        assert after["index"]["type"] == "hnsw" and after["recall_at_10"] >= 0.9
+        assert (snapshot_copy / "current").read_text().strip() == after["version"]
+        assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == after["version"]
+
+
+def test_failed_reindex_keeps_old_snapshot(make_settings, snapshot_copy, tmp_path):
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "a.jpg").write_text("not an image")
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
+        before = c.get("/v1/info").json()["snapshot"]["version"]
+        job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(junk)}, headers=AUTH).json()["id"])
+        assert job["state"] == "failed" and "could be decoded" in job["error"]
+        assert c.get("/v1/info").json()["snapshot"]["version"] == before
+        assert (snapshot_copy / "current").read_text().strip() == before
+        assert c.post("/v1/search", json={"query": "a dog"}).status_code == 200
+        missing = c.post("/v1/admin/reindex", json={"source": str(tmp_path / "nope")}, headers=AUTH)
+        assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "source"]
+
+
+def test_reindex_root_confines_sources(make_settings, snapshot_copy, tmp_path):
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=tmp_path / "allowed"))) as c:
+        r = c.post("/v1/admin/reindex", json={"source": "/etc"}, headers=AUTH)
+        assert r.status_code == 403 and r.json()["detail"][0]["loc"] == ["body", "source"]
+
+
+def test_reload_checks_image_space(client, tiny_clip, starter_bundle):
+    r = client.post("/v1/admin/reload", json={"bundle": str(tiny_clip[0])}, headers=AUTH)
+    assert r.status_code == 409 and "reindex" in r.json()["detail"][0]["msg"]
+    r = client.post("/v1/admin/reload", json={"bundle": str(starter_bundle), "precision": "int8"}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["precision"] == "int8"
+    assert client.get("/v1/info").json()["bundle"]["precision"] == "int8"
+    assert client.post("/v1/search", json={"query": "a dog"}).status_code == 200

@@ -1,0 +1,82 @@
+"""The service over a real uvicorn on loopback, with a real redis-server."""
+
+import json
+import threading
+import time
+
+import httpx
+
+from tests.service.conftest import ADMIN_TOKEN
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def test_redis_cache_and_redis_killed_mid_run(uvicorn_server, demo_snapshot, redis_server):
+    url = uvicorn_server(demo_snapshot, PARASEEK_REDIS_URL=redis_server["url"], PARASEEK_REDIS_RETRY_AFTER_S=0.5)
+    with httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/v1/info").json()["cache"] == "redis"
+        a = c.post("/v1/search", json={"query": "a train at a station"}).json()
+        b = c.post("/v1/search", json={"query": "a train at a station"}).json()
+        assert a["cache"] == "miss" and b["cache"] == "hit" and a["results"] == b["results"]
+        redis_server["proc"].kill()
+        redis_server["proc"].wait()
+        statuses = [c.post("/v1/search", json={"query": f"a bicycle number {i}"}).status_code for i in range(20)]
+        assert statuses == [200] * 20
+        again = c.post("/v1/search", json={"query": "a train at a station"})
+        assert again.status_code == 200 and again.json()["results"] == a["results"]
+        metrics = c.get("/metrics").text
+        errors = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("paraseek_cache_errors_total")]
+        assert errors and errors[0] >= 1
+
+
+def test_reindex_swap_under_concurrent_queries(uvicorn_server, snapshot_copy, shared_data):
+    url = uvicorn_server(snapshot_copy)
+    failures, answered, versions = [], [0], set()
+    stop = threading.Event()
+
+    def hammer(i):
+        with httpx.Client(base_url=url, timeout=30) as c:
+            n = 0
+            while not stop.is_set():
+                r = c.post("/v1/search", json={"query": f"people on a street {i} {n}", "k": 5})
+                n += 1
+                if r.status_code != 200:
+                    failures.append((r.status_code, r.text[:200]))
+                else:
+                    answered[0] += 1
+                    versions.add(r.json()["snapshot_version"])
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            before = c.get("/v1/info").json()["snapshot"]["version"]
+            job_id = c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json")},
+                            headers=AUTH).json()["id"]
+            deadline = time.time() + 180
+            while time.time() < deadline:
+                job = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH).json()
+                if job["state"] in ("succeeded", "failed"):
+                    break
+                time.sleep(0.3)
+            time.sleep(1.0)  # keep querying the new snapshot for a moment
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert job["state"] == "succeeded", job
+    assert failures == []
+    assert answered[0] > 20
+    assert before in versions and job["snapshot_version"] in versions
+
+
+def test_structured_logs_carry_request_ids(uvicorn_server, demo_snapshot, tmp_path):
+    url = uvicorn_server(demo_snapshot)
+    with httpx.Client(base_url=url, timeout=10) as c:
+        r = c.post("/v1/search", json={"query": "a boat"}, headers={"x-request-id": "req-123"})
+        assert r.headers["x-request-id"] == "req-123"
+    time.sleep(0.3)
+    lines = [json.loads(line) for log in tmp_path.glob("server-*.log") for line in log.read_text().splitlines()
+             if line.startswith("{")]
+    assert any(entry.get("request_id") == "req-123" and entry.get("route") == "/v1/search" for entry in lines)

@@ -1,0 +1,233 @@
+"""POST /v1/search and friends, in-process."""
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from index.snapshot import Snapshot
+from paraseek.encoder import Encoder, l2_normalize
+
+
+@pytest.fixture()
+def direct(starter_bundle, demo_snapshot):
+    """The same bundle and snapshot used directly, for independent computations."""
+    return Encoder(starter_bundle), Snapshot.load(demo_snapshot)
+
+
+def test_plain_search(client, direct):
+    r = client.post("/v1/search", json={"query": "a plate of food on a table", "k": 5})
+    assert r.status_code == 200
+    body = r.json()
+    assert [x["rank"] for x in body["results"]] == [1, 2, 3, 4, 5]
+    scores = [x["score"] for x in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    first = body["results"][0]
+    assert first["url"].startswith("http") and first["captions"] and first["licence"]["id"] in (4, 5)
+    assert body["bundle"] == "paraseek-starter" and body["snapshot_version"].startswith("v0001")
+    assert set(body["timings"]) == {"encode_ms", "search_ms", "total_ms"} and body["cache"] == "miss"
+    enc, snap = direct
+    _, ids = snap.search_ids(enc.encode_text(["a plate of food on a table"]), 5)
+    assert [x["id"] for x in body["results"]] == ids[0].tolist()
+    assert body["truncated"] is False
+
+
+def test_cache_hit_returns_same_results(client):
+    a = client.post("/v1/search", json={"query": "Two giraffes", "k": 3}).json()
+    b = client.post("/v1/search", json={"query": "Two giraffes", "k": 3}).json()
+    assert b["cache"] == "hit" and a["results"] == b["results"]
+    c = client.post("/v1/search", json={"query": "two  GIRAFFES", "k": 3}).json()  # same embedding key
+    assert c["results"] == a["results"]
+
+
+def _ao(a, b, k):
+    return sum(len(set(a[:d]) & set(b[:d])) / d for d in range(1, k + 1)) / k
+
+
+def _js(a, b, k):
+    return len(set(a[:k]) & set(b[:k])) / len(set(a[:k]) | set(b[:k]))
+
+
+def test_consistency_matches_independent_computation(client, direct):
+    query, paras = "a dog on a beach", ["a puppy at the seaside", "dog beach", "a cat on a sofa"]
+    r = client.post("/v1/search", json={"query": query, "k": 3, "consistency": {"paraphrases": paras, "k": 10}})
+    assert r.status_code == 200
+    rep = r.json()["consistency"]
+    enc, snap = direct
+    _, ids = snap.search_ids(enc.encode_text([query, *paras]), 10)
+    q = ids[0].tolist()
+    for i, p in enumerate(rep["paraphrases"]):
+        assert p["text"] == paras[i] and p["ids"] == ids[i + 1].tolist()
+        assert p["ao"] == pytest.approx(_ao(q, p["ids"], 10)) and p["js"] == pytest.approx(_js(q, p["ids"], 10))
+    assert rep["mean_ao"] == pytest.approx(np.mean([_ao(q, ids[i].tolist(), 10) for i in (1, 2, 3)]))
+    assert rep["stable"] == (rep["mean_ao"] >= rep["threshold"])
+
+
+def test_consistency_auto_uses_generated_paraphrases(client):
+    r = client.post("/v1/search", json={"query": "a man riding a horse", "consistency": {"auto": 2, "method": "wordnet"}})
+    assert r.status_code == 200
+    rep = r.json()["consistency"]
+    assert len(rep["paraphrases"]) == 2 and all(p["text"] != "a man riding a horse" for p in rep["paraphrases"])
+
+
+def test_expansion_is_mean_of_normalised_embeddings(client, direct):
+    query = "a dog on a beach"
+    r = client.post("/v1/search", json={"query": query, "k": 10, "expansion": {"method": "wordnet", "n": 2}})
+    assert r.status_code == 200
+    body = r.json()
+    assert len(body["expansions"]) == 2
+    enc, snap = direct
+    vecs = enc.encode_text([query, *body["expansions"]])
+    expected = l2_normalize(vecs.mean(axis=0))  # Cheng et al. eq. 5
+    scores, ids = snap.search_ids(expected[None], 10)
+    assert [x["id"] for x in body["results"]] == ids[0].tolist()
+    assert [x["score"] for x in body["results"]] == pytest.approx(scores[0].tolist(), abs=1e-5)
+
+
+def test_expansion_rrf(client):
+    r = client.post("/v1/search", json={"query": "a red bus", "k": 5, "expansion": {"method": "wordnet", "n": 2, "fusion": "rrf"}})
+    assert r.status_code == 200
+    scores = [x["score"] for x in r.json()["results"]]
+    assert scores == sorted(scores, reverse=True) and max(scores) <= 3 / 61 + 1e-9
+
+
+def test_ppdb_expansion(make_settings, shared_data):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    with TestClient(create_app(make_settings(ppdb_path=shared_data / "paraphrase/ppdb_lexical_synonyms.tsv"))) as c:
+        r = c.post("/v1/search", json={"query": "a dog in a car", "expansion": {"method": "ppdb", "n": 2}})
+        assert r.status_code == 200 and len(r.json()["expansions"]) == 2
+
+
+def test_weighted_terms(client, direct):
+    terms = [{"text": "a dog on a beach", "weight": 1}, {"text": "at night", "weight": -0.5}]
+    r = client.post("/v1/search", json={"terms": terms, "k": 5})
+    assert r.status_code == 200
+    enc, snap = direct
+    v = enc.encode_text(["a dog on a beach", "at night"])
+    _, ids = snap.search_ids(l2_normalize(v[0] - 0.5 * v[1])[None], 5)
+    assert [x["id"] for x in r.json()["results"]] == ids[0].tolist()
+
+
+@pytest.mark.parametrize(
+    "body, status, loc",
+    [
+        ({"query": ""}, 422, ["body", "query"]),
+        ({"query": "   "}, 422, ["body", "query"]),
+        ({"query": "x", "k": 0}, 422, ["body", "k"]),
+        ({"query": "x", "k": 1001}, 422, ["body", "k"]),
+        ({"query": "x", "k": "ten"}, 422, ["body", "k"]),
+        ({"query": 3}, 422, ["body", "query"]),
+        ({"query": "x", "unknown": 1}, 422, ["body", "unknown"]),
+        ({}, 422, ["body"]),
+        ({"query": "x" * 1001}, 422, ["body", "query"]),
+        ({"query": "x", "expansion": {"method": "llm"}}, 400, ["body", "expansion", "method"]),
+        ({"query": "x", "expansion": {"method": "ppdb"}}, 400, ["body", "expansion", "method"]),
+        ({"query": "x", "expansion": {"method": "wordnet", "n": 17}}, 422, ["body", "expansion", "n"]),
+        ({"query": "x", "consistency": {}}, 422, ["body", "consistency"]),
+        ({"query": "x", "consistency": {"paraphrases": ["ok", " "]}}, 422, ["body", "consistency", "paraphrases"]),
+        ({"terms": [{"text": "a", "weight": 1}, {"text": "a", "weight": -1}]}, 422, ["body", "terms"]),
+        ({"terms": []}, 422, ["body", "terms"]),
+    ],
+)
+def test_bad_input_names_the_field(client, body, status, loc):
+    r = client.post("/v1/search", json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+
+
+def test_malformed_and_oversized_bodies(client):
+    assert client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    big = b'{"query": "' + b"a" * 300_000 + b'"}'
+    assert client.post("/v1/search", content=big, headers={"content-type": "application/json"}).status_code == 413
+
+
+def test_overlong_query_is_truncated_and_says_so(make_settings):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    with TestClient(create_app(make_settings(max_query_chars=5000))) as c:
+        r = c.post("/v1/search", json={"query": "a dog running on the grass " * 60})
+        assert r.status_code == 200 and r.json()["truncated"] is True
+        again = c.post("/v1/search", json={"query": "a dog running on the grass " * 60, "k": 3})  # embedding cached
+        assert again.json()["truncated"] is True
+
+
+def test_batch_search(client):
+    r = client.post("/v1/search/batch", json={"requests": [{"query": "a cat"}, {"query": "a bus", "k": 2}]})
+    assert r.status_code == 200
+    assert [len(x["results"]) for x in r.json()["responses"]] == [10, 2]
+    bad = client.post("/v1/search/batch", json={"requests": [{"query": "ok"}, {"query": "x", "k": 0}]})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == ["body", "requests", 1]
+
+
+def test_images_info_health_metrics(client):
+    first = client.post("/v1/search", json={"query": "a kitchen", "k": 1}).json()["results"][0]
+    img = client.get(f"/v1/images/{first['id']}")
+    assert img.status_code == 200 and img.content[:3] == b"\xff\xd8\xff"
+    assert client.get("/v1/images/42").status_code == 404
+    info = client.get("/v1/info").json()
+    assert info["snapshot"]["count"] == 76 and info["bundle"]["name"] == "paraseek-starter"
+    assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+    metrics = client.get("/metrics").text
+    for name in ("paraseek_requests_total", "paraseek_request_seconds_bucket", "paraseek_stage_seconds_bucket",
+                 "paraseek_cache_total", "paraseek_encoder_batch_texts_bucket", "paraseek_index_vectors 76.0"):
+        assert name in metrics
+    assert client.get("/openapi.json").json()["info"]["title"] == "paraseek"
+
+
+def test_not_ready_without_snapshot(make_settings, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    with TestClient(create_app(make_settings(snapshot=tmp_path / "none"))) as c:
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").status_code == 503
+        assert c.post("/v1/search", json={"query": "x"}).status_code == 503
+
+
+def test_micro_batching_merges_concurrent_requests(make_settings):
+    from service.main import create_app
+
+    app = create_app(make_settings(max_wait_ms=50, lru_size=0))
+    engine = app.state.engine
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                rs = await asyncio.gather(*(c.post("/v1/search", json={"query": f"a photo of object {i}"}) for i in range(16)))
+        return rs
+
+    responses = asyncio.run(go())
+    assert all(r.status_code == 200 for r in responses)
+    counts = [s for m in engine.metrics.batch_size.collect() for s in m.samples if s.name.endswith("_count")]
+    sums = [s for m in engine.metrics.batch_size.collect() for s in m.samples if s.name.endswith("_sum")]
+    assert sums[0].value == 16 and counts[0].value < 16  # fewer encoder calls than requests
+
+
+def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    settings = make_settings(llm_base_url=fake_llm["url"], llm_model="fake", llm_api_key="k")
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/v1/search", json={"query": "A dog on a beach.", "expansion": {"method": "llm", "n": 2}})
+        assert r.status_code == 200 and len(r.json()["expansions"]) == 2
+        assert all(e.startswith("a picture of a dog on a beach") for e in r.json()["expansions"])
+        assert fake_llm["handler"].calls[0]["auth"] == "Bearer k"
+        g = c.post("/v1/search", json={"query": "A dog on a beach.", "consistency": {"auto": 2, "method": "generator"}})
+        texts = [p["text"] for p in g.json()["consistency"]["paraphrases"]]
+        assert texts[0].startswith("a picture of") and texts[1].startswith("an image that depicts a picture of")
+        calls = len(fake_llm["handler"].calls)
+        c.post("/v1/search", json={"query": "A dog on a beach.", "expansion": {"method": "llm", "n": 2}, "k": 3})
+        assert len(fake_llm["handler"].calls) == calls  # answered from the on-disk cache
+        fake_llm["handler"].fail = True
+        bad = c.post("/v1/search", json={"query": "something new", "expansion": {"method": "llm", "n": 1}})
+        assert bad.status_code == 502 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "method"]
