@@ -307,5 +307,54 @@ def bench_encoder_cmd(
     sys.exit(run(repeats=repeats, workdir=workdir, threads=threads or None))
 
 
+@bench_app.command("index", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_index_cmd(ctx: typer.Context):
+    """Build throughput; flat/HNSW/IVF latency, QPS and recall at 10K-1M (options: --sizes, --kinds, --data)."""
+    from loadtests.bench_index import main as bench
+
+    sys.exit(bench(ctx.args))
+
+
+@bench_app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_service_cmd(ctx: typer.Context):
+    """End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off (options: --seconds)."""
+    from loadtests.bench_service import main as bench
+
+    sys.exit(bench(ctx.args))
+
+
+@bench_app.command("load")
+@user_errors
+def bench_load_cmd(
+    url: str = typer.Option("http://127.0.0.1:8000", help="A running paraseek service (nothing is started)."),
+    users: int = typer.Option(20, min=1),
+    spawn_rate: float = typer.Option(5.0, min=0.1),
+    duration: int = typer.Option(30, min=1, help="Seconds."),
+    tags: List[str] = typer.Option([], "--tag", help="Only these scenarios (plain, cache, consistency, expansion, batch, info)."),
+    out: Path = typer.Option(Path("loadtest-report"), help="Folder for the CSV/HTML reports and summary.json."),
+    max_failure_ratio: float = typer.Option(0.0, min=0.0, max=1.0),
+    slo_p99_ms: Optional[float] = typer.Option(None, help="Fail if the aggregated p99 is above this."),
+    slo_p50_ms: Optional[float] = typer.Option(None, help="Fail if the aggregated p50 is above this."),
+    queries: Optional[Path] = typer.Option(None, help="TSV of image_id/caption to draw queries from."),
+):
+    """Run Locust headless against a running service; non-zero exit on failures or a missed SLO."""
+    import httpx
+
+    from loadtests.load import run_load
+
+    try:
+        httpx.get(url.rstrip("/") + "/healthz", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ValueError(f"no paraseek service answers at {url}: {exc}") from exc
+    s = run_load(url, users=users, spawn_rate=spawn_rate, duration_s=duration, out=out, tags=tags or None,
+                 max_failure_ratio=max_failure_ratio, slo_p99_ms=slo_p99_ms, slo_p50_ms=slo_p50_ms, queries=queries)
+    console.print(f"{s.requests} requests, {s.failures} failures ({s.failure_ratio:.2%}), {s.rps:.1f} req/s; "
+                  f"p50 {s.p50_ms:.0f} ms, p95 {s.p95_ms:.0f} ms, p99 {s.p99_ms:.0f} ms")
+    console.print(f"HTML report: {s.html_report}")
+    for v in s.violations:
+        err.print(f"[red]violation:[/red] {v}")
+    raise typer.Exit(1 if s.violations else 0)
+
+
 if __name__ == "__main__":
     app()

@@ -87,10 +87,44 @@ class SearchEngine:
         except Exception as exc:  # serve /healthz and report not ready, rather than crash-looping
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("model or index not loaded: %s", self.load_error)
+        if self.settings.snapshot_poll_s > 0:
+            self._watcher = asyncio.create_task(self._watch_snapshot(), name="snapshot-watcher")
+        # warm WordNet in the background so the first expansion request does not pay for it
+        self._preload = asyncio.create_task(asyncio.to_thread(self._preload_wordnet), name="preload-wordnet")
+
+    def _preload_wordnet(self) -> None:
+        try:
+            self.source("wordnet", "expansion.method")
+        except RequestError:
+            pass  # not installed: requests that ask for it get a 400
 
     async def stop(self) -> None:
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.cancel()
         await self.batcher.stop()
         await self.cache.close()
+
+    async def _watch_snapshot(self) -> None:
+        """Follow the snapshot root's ``current`` pointer (another replica's reindex, or a CLI build)."""
+        from index.snapshot import current_version
+
+        while True:
+            await asyncio.sleep(self.settings.snapshot_poll_s)
+            try:
+                version = current_version(self.settings.snapshot)
+                active = self.active
+                if version and (active is None or version != active.snapshot.version):
+                    encoder = active.encoder if active else None
+                    if encoder is None:
+                        new = await asyncio.to_thread(load_active, self.settings.bundle, self.settings.snapshot, self.settings)
+                    else:
+                        snap = await asyncio.to_thread(Snapshot.load, self.settings.snapshot,
+                                                       image_space=encoder.image_space, threads=self.settings.faiss_threads)
+                        new = Active(encoder, snap)
+                    self.swap(new)
+                    log.info("now serving snapshot %s (current changed)", version)
+            except Exception as exc:  # keep serving what we have
+                log.warning("snapshot %s not loaded: %s", self.settings.snapshot, exc)
 
     def swap(self, active: Active) -> None:
         self.active = active  # one reference assignment: atomic for concurrent requests
@@ -133,7 +167,8 @@ class SearchEngine:
             return self._sources[method]
 
     async def paraphrases(self, text: str, method: str, n: int, field: str) -> list[str]:
-        source = self.source(method, field)
+        # loading a source reads files (WordNet takes seconds): never on the event loop
+        source = await asyncio.to_thread(self.source, method, field)
         from paraseek.paraphrase.llm import LLMError
 
         try:

