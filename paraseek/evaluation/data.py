@@ -1,0 +1,76 @@
+"""Readers for evaluation data: paraphrase pairs, STS-B, COCO captions."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """An evaluation file is missing or not in a format the harness reads."""
+
+
+def read_pairs(path: str | Path) -> list[tuple[str, str]]:
+    """Paraphrase pairs from a TSV with a header: columns caption1/caption2 (CxC), sentence1/sentence2,
+    or text1/text2; without those names, the last two columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"pairs file {path} does not exist")
+    with open(path, newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path} is empty")
+        for a, b in (("caption1", "caption2"), ("sentence1", "sentence2"), ("text1", "text2")):
+            if a in header and b in header:
+                ia, ib = header.index(a), header.index(b)
+                break
+        else:
+            ia, ib = len(header) - 2, len(header) - 1
+        pairs = [(row[ia].strip(), row[ib].strip()) for row in reader if len(row) > max(ia, ib)]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    if not pairs:
+        raise DataError(f"{path} has no text pairs")
+    return pairs
+
+
+@dataclass
+class StsPair:
+    score: float
+    a: str
+    b: str
+
+
+def read_sts(path: str | Path) -> list[StsPair]:
+    """STS Benchmark: tab-separated genre, file, year, id, score, sentence1, sentence2 (no header)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"STS file {path} does not exist")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) < 7:
+                continue
+            try:
+                out.append(StsPair(float(cols[4]), cols[5].strip(), cols[6].strip()))
+            except ValueError:
+                if n > 1:  # a header line is fine
+                    raise DataError(f"{path}:{n}: score {cols[4]!r} is not a number")
+    if not out:
+        raise DataError(f"{path} has no STS pairs (expected genre, file, year, id, score, s1, s2)")
+    return out
+
+
+def read_coco_captions(path: str | Path) -> tuple[list[dict], list[str], list[int]]:
+    """-> (images, captions, image id of each caption)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"COCO captions file {path} does not exist")
+    data = json.loads(path.read_text())
+    anns = [a for a in data.get("annotations", []) if "caption" in a]
+    if not anns:
+        raise DataError(f"{path} has no caption annotations")
+    return data["images"], [a["caption"].strip() for a in anns], [int(a["image_id"]) for a in anns]
