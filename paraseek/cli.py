@@ -295,6 +295,37 @@ def demo_cmd(
         _print_results(q, hits)
 
 
+# -- train ------------------------------------------------------------------------------------
+@app.command("train")
+@user_errors
+def train_cmd(
+    recipe: str = typer.Argument(None, help="Recipe YAML file, or the name of a built-in recipe."),
+    set_: List[str] = typer.Option([], "--set", help="Override a field: train.lr=1e-5 (repeatable)."),
+    output: Optional[Path] = typer.Option(None, help="Run directory (default: the recipe's output or runs/<name>)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps (resume later)."),
+    list_: bool = typer.Option(False, "--list", help="List the built-in recipes."),
+):
+    """Train a text encoder from a recipe; resumes from the run directory's checkpoint; exports a bundle.
+
+    Multi-GPU: torchrun --nproc-per-node N -m paraseek.cli train RECIPE
+    """
+    from training.recipe import RecipeError, list_recipes, load_recipe
+
+    if list_ or recipe is None:
+        console.print("\n".join(list_recipes()))
+        return
+    try:
+        spec = load_recipe(recipe, set_)
+    except RecipeError as exc:
+        raise ValueError(str(exc)) from exc
+    from training.trainer import train
+
+    result = train(spec, output, max_steps=max_steps)
+    console.print(f"{result.steps} steps, loss {result.first_loss:.4f} -> {result.last_loss:.4f}; run in {result.run_dir}")
+    if (result.bundle / "manifest.json").is_file():
+        console.print(f"bundle: {result.bundle}")
+
+
 # -- eval -------------------------------------------------------------------------------------
 eval_app = typer.Typer(help="Evaluate bundles: paraphrase consistency, retrieval, STS, perturbations.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")

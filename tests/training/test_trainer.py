@@ -1,0 +1,130 @@
+"""`paraseek train` end to end on CPU at tiny sizes, through the same code as real runs."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from paraseek.cli import app
+from tests.conftest import TINY_CLIP_CONFIG
+from training.recipe import RecipeError, list_recipes, load_recipe
+from training.trainer import Trainer, train
+
+
+@pytest.fixture(autouse=True)
+def _nltk(shared_data, monkeypatch):
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
+
+
+def tiny(recipe, shared_data, starter_bundle, *extra):
+    """A built-in recipe shrunk to a few steps on the 80 COCO-mini train photos."""
+    overrides = [f"data.captions={shared_data / 'coco-mini/captions_train2017.json'}", "data.images=null",
+                 "train.batch_size=4", "train.steps=2", "train.checkpoint_every=1", "train.log_every=1"]
+    spec = load_recipe(recipe)
+    if spec.model.kind != "open_clip":
+        overrides.append(f"model.image_bundle={starter_bundle}")
+    return load_recipe(recipe, overrides + list(extra))
+
+
+TINY_OPEN_CLIP = ["model.name=tiny-clip", f"model.config={TINY_CLIP_CONFIG}", "model.pretrained=null",
+                  "data.paraphrases.x1=human", "data.paraphrases.x2=wordnet", "train.lr=1e-3"]
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("paraclip-starter-cpu", []),
+    ("laclip-starter-cpu", []),
+    ("pcclip-starter-cpu", []),
+    ("alignment-minilm", ["model.layers=1"]),
+    ("paraclip-vitb32", TINY_OPEN_CLIP),
+])
+def test_every_recipe_runs_and_exports_a_bundle(name, extra, shared_data, starter_bundle, tmp_path):
+    from paraseek.encoder import Encoder
+
+    result = train(tiny(name, shared_data, starter_bundle, *extra), tmp_path / "run", progress=False)
+    assert result.steps == 2 and np.isfinite(result.last_loss)
+    enc = Encoder(result.bundle)
+    assert enc.has_image_tower  # the frozen image tower ships with the tuned text tower
+    base_space = Encoder(starter_bundle).image_space if "starter" in name or "alignment" in name else None
+    if base_space:
+        assert enc.image_space == base_space  # existing indexes stay valid
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_loss_falls_on_a_fixed_batch(shared_data, starter_bundle, tmp_path):
+    spec = tiny("paraclip-vitb32", shared_data, starter_bundle, *TINY_OPEN_CLIP, "train.steps=30", "train.lr=3e-3")
+    trainer = Trainer(spec, tmp_path / "run")
+    fixed = trainer.loss
+
+    trainer.loss = lambda step: fixed(0)  # the same batch every step
+    losses = trainer.fit(progress=False)
+    assert losses[-1] < 0.6 * losses[0], (losses[0], losses[-1])
+
+
+def test_killed_run_resumes_to_the_same_state(shared_data, starter_bundle, tmp_path):
+    spec = tiny("paraclip-vitb32", shared_data, starter_bundle, *TINY_OPEN_CLIP, "train.steps=4",
+                "objective.learnable_temperature=true")
+    straight = Trainer(spec, tmp_path / "a")
+    straight.fit(progress=False)
+    first = Trainer(spec, tmp_path / "b")
+    first.fit(max_steps=2, progress=False)  # "killed" after step 2: only its checkpoint survives
+    del first
+    resumed = Trainer(spec, tmp_path / "b")
+    assert resumed.step == 2
+    resumed.fit(progress=False)
+    a, b = straight.tower.trainable_state(), resumed.tower.trainable_state()
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+    assert float(straight.temperature()) == pytest.approx(float(resumed.temperature()), rel=1e-6)
+
+
+def test_wise_ft_interpolates_towards_the_original(shared_data, starter_bundle, tmp_path):
+    spec = tiny("paraclip-vitb32", shared_data, starter_bundle, *TINY_OPEN_CLIP, "train.wise_ft_alpha=0.0")
+    trainer = Trainer(spec, tmp_path / "run")
+    before = {k: v.clone() for k, v in trainer.original.state_dict().items()}
+    trainer.fit(progress=False)
+    trainer.export()
+    for k, v in trainer.tower.trainable_state().items():
+        assert torch.allclose(v, before[k])  # alpha 0: back to the original weights
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.lr=-1"], "recipe.train.lr"),
+    (["objective.kind=simclr"], "recipe.objective.kind"),
+    (["model.kind=alignment", "model.image_bundle=null"], "image_bundle"),
+    (["train.unknown_field=3"], "recipe.train.unknown_field"),
+    (["model.kind=alignment", "objective.anchor_weight=1"], "anchor_weight"),
+])
+def test_bad_recipes_name_the_field(overrides, message):
+    with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
+        load_recipe("paraclip-starter-cpu", overrides)
+    r = CliRunner().invoke(app, ["train", "paraclip-starter-cpu", *sum((["--set", o] for o in overrides), [])])
+    assert r.exit_code == 2 and message in r.output
+
+
+def test_unknown_recipe_lists_builtins():
+    r = CliRunner().invoke(app, ["train", "nope"])
+    assert r.exit_code == 2 and "paraclip-starter-cpu" in r.output
+    assert set(list_recipes()) >= {"paraclip-vitb32", "alignment-minilm", "paraclip-starter-cpu", "laclip-starter-cpu"}
+
+
+def test_vitb32_recipe_has_the_paper_hyperparameters():
+    r = load_recipe("paraclip-vitb32")
+    assert (r.train.lr, r.train.batch_size, r.train.weight_decay, r.train.epochs) == (5e-7, 3072, 0.001, 1)
+    assert load_recipe("alignment-minilm").model.layers == 6
+
+
+def test_trained_bundle_serves(shared_data, starter_bundle, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    result = train(tiny("paraclip-starter-cpu", shared_data, starter_bundle), tmp_path / "run", progress=False)
+    snapshot = tmp_path / "run" / "image-embeddings"  # built by the frozen image tower: same image_space
+    with TestClient(create_app(Settings(bundle=result.bundle, snapshot=snapshot, log_json=False))) as c:
+        r = c.post("/v1/search", json={"query": "a living room", "k": 3})
+        assert r.status_code == 200 and r.json()["bundle"] == "paraclip-starter-cpu"

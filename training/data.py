@@ -1,0 +1,165 @@
+"""Training data: images embedded once by the frozen image tower (the index code), their caption sets
+(COCO's ~5 captions per photo are human paraphrases), and generated paraphrases x', x''.
+
+Batches are a pure function of (seed, step), so a resumed run sees exactly the batches it would have
+seen without the interruption.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from index.builder import build_snapshot
+from index.snapshot import Snapshot, current_version
+from paraseek.encoder import Encoder
+from paraseek.paraphrase import ParaphraseSource
+from training.recipe import DataSpec, ParaphraseSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingData:
+    image_ids: np.ndarray
+    vectors: np.ndarray  # (N, D) frozen image embeddings
+    captions: list[list[str]]  # per image
+    rewrites: dict[str, tuple[str | None, str]]  # caption -> (generated x1 or None, x2 of the caption)
+    differences: list[tuple[int, int, str]] | None = None  # PC-CLIP (row1, row2, text)
+
+
+@dataclass
+class Batch:
+    images: np.ndarray
+    x: list[str]
+    x1: list[str]
+    x2: list[str]
+    rows: np.ndarray
+
+
+def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> Snapshot:
+    """Image embeddings by the frozen tower, computed once and kept in the run directory (a snapshot)."""
+    root = run_dir / "image-embeddings"
+    if current_version(root) is None:
+        build_snapshot(data.captions, image_encoder, root, image_root=data.images, progress=True)
+    snap = Snapshot.load(root, image_space=image_encoder.image_space)
+    return snap
+
+
+def paraphrase_source(method: str, spec: ParaphraseSpec, second_step: bool) -> ParaphraseSource:
+    if method == "wordnet":
+        from paraseek.paraphrase.wordnet import WordNetSource
+
+        return WordNetSource()
+    if method == "ppdb":
+        from paraseek.paraphrase.ppdb import PPDBSource
+
+        return PPDBSource(spec.ppdb or os.environ.get("PARASEEK_PPDB_PATH"))
+    from paraseek.paraphrase.llm import ChatClient, LLMSource, PROMPT_AVOID_WORDS
+
+    client = ChatClient(os.environ.get("PARASEEK_LLM_BASE_URL"), os.environ.get("PARASEEK_LLM_MODEL"),
+                        os.environ.get("PARASEEK_LLM_API_KEY"), cache_path=os.environ.get("PARASEEK_LLM_CACHE"))
+    if not second_step:
+        return LLMSource(client)
+
+    class AvoidWords:  # ParaCLIP's second prompt
+        name = "llm-avoid-words"
+
+        def paraphrases(self, text, n):
+            return [client.complete(PROMPT_AVOID_WORDS.format(text=text))]
+
+    return AvoidWords()
+
+
+def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path) -> dict[str, tuple[str | None, str]]:
+    """ParaCLIP's two-step generation: x' (unless human paraphrases are used) and x'' of every caption,
+    appended to a JSONL file line by line; a rerun resumes after the last line written."""
+    done: dict[str, tuple[str | None, str]] = {}
+    if out.is_file():
+        with open(out) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                    done[row["caption"]] = (row.get("x1"), row["x2"])
+                except (json.JSONDecodeError, KeyError):
+                    continue  # torn last line of an interrupted run
+    todo = [c for c in dict.fromkeys(captions) if c not in done]
+    if not todo:
+        return done
+    first = None if spec.x1 == "human" else paraphrase_source(spec.x1, spec, second_step=False)
+    second = None if spec.x2 == "human" else paraphrase_source(spec.x2, spec, second_step=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as f:
+        for caption in tqdm(todo, desc="paraphrases", unit="caption"):
+            x1 = (first.paraphrases(caption, 1) or [caption])[0] if first else None
+            base = x1 or caption
+            x2 = (second.paraphrases(base, 1) or [base])[0] if second else base
+            done[caption] = (x1, x2)
+            f.write(json.dumps({"caption": caption, "x1": x1, "x2": x2}) + "\n")
+            f.flush()
+    return done
+
+
+def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> TrainingData:
+    snap = embed_images(data, image_encoder, run_dir)
+    ids = snap.ids.copy()
+    vectors = np.asarray(snap.vectors(), np.float32)
+    if data.max_images:
+        ids, vectors = ids[: data.max_images], vectors[: data.max_images]
+    captions = [snap.metadata[int(i)].get("captions", []) for i in ids]
+    keep = [i for i, c in enumerate(captions) if len(c) >= 2]
+    if len(keep) < 2:
+        raise ValueError(f"data.captions: need at least 2 images with 2+ captions, found {len(keep)}")
+    ids, vectors, captions = ids[keep], vectors[keep], [captions[i] for i in keep]
+    dataset = Path(data.paraphrases.dataset) if data.paraphrases.dataset else run_dir / "paraphrases.jsonl"
+    rewrites = generate_paraphrases([c for group in captions for c in group], data.paraphrases, dataset)
+    differences = None
+    if data.differences:
+        position = {int(i): r for r, i in enumerate(ids)}
+        differences = []
+        with open(data.differences) as f:
+            for line in f:
+                row = json.loads(line)
+                if int(row["image1"]) in position and int(row["image2"]) in position:
+                    differences.append((position[int(row["image1"])], position[int(row["image2"])], row["text"]))
+    return TrainingData(ids, vectors, captions, rewrites, differences)
+
+
+def sample_batch(data: TrainingData, step: int, batch_size: int, seed: int, x1_human: bool) -> Batch:
+    rng = np.random.default_rng([seed, step])
+    rows = rng.choice(len(data.captions), size=min(batch_size, len(data.captions)), replace=False)
+    x, x1, x2 = [], [], []
+    for r in rows:
+        group = data.captions[r]
+        a, b = rng.choice(len(group), size=2, replace=False)
+        caption = group[a]
+        if x1_human:
+            para = group[b]  # another human caption of the same photo
+            second = data.rewrites[para][1]
+        else:
+            para, second = data.rewrites[caption]
+        x.append(caption)
+        x1.append(para)
+        x2.append(second)
+    return Batch(images=data.vectors[rows], x=x, x1=x1, x2=x2, rows=rows)
+
+
+def difference_batch(data: TrainingData, step: int, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """PC-CLIP pairs: given differences, or pairs of photos with the text "<caption 1>, not <caption 2>"
+    (an offline stand-in for generated comparative captions)."""
+    rng = np.random.default_rng([seed, step, 1])
+    if data.differences:
+        pick = rng.choice(len(data.differences), size=min(batch_size, len(data.differences)), replace=False)
+        pairs = [data.differences[i] for i in pick]
+    else:
+        a = rng.choice(len(data.captions), size=min(batch_size, len(data.captions)), replace=False)
+        b = (a + 1 + rng.integers(0, len(data.captions) - 1, size=len(a))) % len(data.captions)
+        pairs = [(i, j, f"{data.captions[i][0].rstrip('.')}, not {data.captions[j][0].rstrip('.').lower()}")
+                 for i, j in zip(a, b)]
+    return (data.vectors[[p[0] for p in pairs]], data.vectors[[p[1] for p in pairs]], [p[2] for p in pairs])

@@ -1,0 +1,195 @@
+"""Trainable text towers. Each tokenises, encodes (normalised), says which parameters train, keeps a
+frozen copy of itself for the anchor term and WiSE-FT, and exports a bundle.
+
+(a) ``OpenClipText``: an open_clip text tower; the image tower stays frozen, so the image_space is
+    kept and existing indexes stay valid.
+(b) ``AlignmentText``: a frozen Hugging Face encoder + m trainable transformer layers of the same width
+    + a projection into a target image space (Cheng et al.).
+(c) ``SentenceText``: the starter's text tower (all-MiniLM-L6-v2) fine-tuned in its own image space.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import training  # noqa: F401  (torchvision shim)
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paraseek.bundle import BundleManifest, read_manifest, write_manifest
+from training.backend.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, mean_pool
+
+
+class TextTower(nn.Module):
+    image_space: str
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        device = next(self.parameters()).device
+        return self(**{k: v.to(device) for k, v in self.tokenize(texts).items()})
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        names = {n for n, p in self.named_parameters() if p.requires_grad}
+        return {k: v for k, v in self.state_dict().items() if k in names}
+
+    def export(self, out_dir: Path, *, name: str, version: str, source: dict) -> BundleManifest:
+        raise NotImplementedError
+
+
+class _HFTokenizer:
+    def __init__(self, tokenizer_file: Path, max_tokens: int):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(tokenizer_file))
+        self.tok.enable_padding(pad_id=0)
+        self.tok.enable_truncation(max_tokens)
+
+    def __call__(self, texts):
+        enc = self.tok.encode_batch(list(texts))
+        return {"input_ids": torch.tensor([e.ids for e in enc]),
+                "attention_mask": torch.tensor([e.attention_mask for e in enc])}
+
+
+def _copy_image_tower(base_bundle: Path, out_dir: Path, manifest: BundleManifest) -> BundleManifest:
+    """A text tower tuned against a frozen image tower ships with that same image tower."""
+    base = read_manifest(base_bundle)
+    if base.image is None:
+        return manifest
+    shutil.copyfile(base_bundle / base.image.file, out_dir / base.image.file)
+    return write_manifest(out_dir, manifest.model_copy(update={"image": base.image, "image_preprocess": base.image_preprocess}))
+
+
+class OpenClipText(TextTower):
+    def __init__(self, model_name: str, pretrained: str | None = None, model_config: str | None = None,
+                 train_layers: int | None = None):
+        super().__init__()
+        import open_clip
+
+        from training.backend.openclip import ClipTextTower, load_open_clip, open_clip_image_space
+
+        self.model, cfg = load_open_clip(model_name, pretrained, model_config)
+        self.model_name = model_name or Path(model_config).stem
+        self.image_space = open_clip_image_space(self.model_name, pretrained)
+        self.context_length = cfg.get("text_cfg", {}).get("context_length", 77)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tower = ClipTextTower(self.model)  # shares the text modules of self.model
+        for p in self.tower.parameters():
+            p.requires_grad_(True)
+        if train_layers is not None:  # train only the last n residual blocks (+ final LN and projection)
+            blocks = list(self.tower.transformer.resblocks)
+            for block in blocks[: len(blocks) - train_layers]:
+                for p in block.parameters():
+                    p.requires_grad_(False)
+            self.tower.token_embedding.weight.requires_grad_(False)
+            self.tower.positional_embedding.requires_grad_(False)
+        self._tokenizer = open_clip.get_tokenizer(self.model_name)
+
+    def tokenize(self, texts):
+        ids = self._tokenizer(list(texts))
+        length = int((ids != 0).sum(1).max())  # causal tower: running at the longest real length is exact
+        return {"input_ids": ids[:, :length]}
+
+    def forward(self, input_ids):
+        return self.tower(input_ids)
+
+    def export(self, out_dir, *, name, version, source):
+        from training.backend.openclip import export_open_clip_model
+
+        pp = getattr(self.model.visual, "preprocess_cfg", None) or {}
+        size = self.model.visual.image_size
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        return export_open_clip_model(self.model, out_dir, name=name, version=version, image_space=self.image_space,
+                                      context_length=self.context_length, image_size=int(size),
+                                      mean=pp.get("mean"), std=pp.get("std"), source=source)
+
+
+class AlignmentHead(nn.Module):
+    """m transformer layers over the frozen encoder's token states, mean pooling, projection."""
+
+    def __init__(self, width: int, out_dim: int, layers: int = 6, heads: int = 8, dropout: float = 0.1):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=dropout, batch_first=True, norm_first=True)
+        self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.proj = nn.Linear(width, out_dim, bias=False)
+
+    def forward(self, hidden, attention_mask):
+        x = self.layers(hidden, src_key_padding_mask=attention_mask == 0)
+        return self.proj(self.norm(mean_pool(x, attention_mask)))
+
+
+class AlignmentText(TextTower):
+    def __init__(self, encoder_dir: Path, image_space: str, out_dim: int, layers: int = 6, heads: int = 8,
+                 image_bundle: Path | None = None):
+        super().__init__()
+        hf, model_dir = load_hf_encoder(encoder_dir)
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        width = hf.config.hidden_size
+        heads = heads if width % heads == 0 else 1
+        self.encoder = SentenceEncoder(hf, head=AlignmentHead(width, out_dim, layers, heads))
+        self.model_dir = model_dir
+        self.image_space = image_space
+        self.image_bundle = image_bundle
+        self.max_tokens = max_seq_length(model_dir)
+        self._tokenizer = _HFTokenizer(model_dir / "tokenizer.json", self.max_tokens)
+
+    def tokenize(self, texts):
+        return self._tokenizer(texts)
+
+    def forward(self, input_ids, attention_mask):
+        return self.encoder(input_ids, attention_mask)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.encoder.hf_model.eval()  # the frozen encoder never uses dropout
+        return self
+
+    def export(self, out_dir, *, name, version, source):
+        m = export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
+                                version=version, image_space=self.image_space, max_tokens=self.max_tokens, source=source)
+        return _copy_image_tower(self.image_bundle, Path(out_dir), m) if self.image_bundle else m
+
+
+class SentenceText(TextTower):
+    def __init__(self, encoder_dir: Path, image_space: str, image_bundle: Path | None = None,
+                 train_layers: int | None = None):
+        super().__init__()
+        hf, model_dir = load_hf_encoder(encoder_dir)
+        if train_layers is not None:
+            for p in hf.parameters():
+                p.requires_grad_(False)
+            for layer in hf.encoder.layer[len(hf.encoder.layer) - train_layers:]:
+                for p in layer.parameters():
+                    p.requires_grad_(True)
+        self.encoder = SentenceEncoder(hf)
+        self.model_dir = model_dir
+        self.image_space = image_space
+        self.image_bundle = image_bundle
+        self.max_tokens = max_seq_length(model_dir)
+        self._tokenizer = _HFTokenizer(model_dir / "tokenizer.json", self.max_tokens)
+
+    def tokenize(self, texts):
+        return self._tokenizer(texts)
+
+    def forward(self, input_ids, attention_mask):
+        return self.encoder(input_ids, attention_mask)
+
+    def export(self, out_dir, *, name, version, source):
+        m = export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
+                                version=version, image_space=self.image_space, max_tokens=self.max_tokens, source=source)
+        return _copy_image_tower(self.image_bundle, Path(out_dir), m) if self.image_bundle else m
+
+
+def frozen_copy(tower: TextTower) -> TextTower:
+    """The tower as it was before training (anchor term, WiSE-FT)."""
+    twin = copy.deepcopy(tower).eval()
+    for p in twin.parameters():
+        p.requires_grad_(False)
+    return twin

@@ -1,0 +1,138 @@
+"""Training recipes: YAML files validated by this schema. Unknown or wrong fields fail with a message
+naming the field (``recipe.train.lr: Input should be greater than 0``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class RecipeError(ValueError):
+    pass
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(Strict):
+    kind: Literal["open_clip", "alignment", "sentence"]
+    # open_clip
+    name: str | None = Field(None, description="open_clip model name (ViT-B-32, ...)")
+    pretrained: str | None = Field(None, description="open_clip tag or checkpoint file")
+    config: str | None = Field(None, description="JSON architecture file (configs as data)")
+    # alignment / sentence
+    encoder: str = Field("minilm", description="Hugging Face model dir, or 'minilm' (the packaged all-MiniLM-L6-v2)")
+    image_bundle: str | None = Field(None, description="bundle whose frozen image tower defines the target space "
+                                     "('starter': the starter bundle, built if missing)")
+    layers: int = Field(6, ge=1, le=24, description="alignment layers m")
+    heads: int = Field(8, ge=1)
+    train_layers: int | None = Field(None, ge=1, description="train only the last n blocks")
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if self.kind == "open_clip" and not (self.name or self.config):
+            raise ValueError("open_clip models need 'name' or 'config'")
+        if self.kind in ("alignment", "sentence") and not self.image_bundle:
+            raise ValueError(f"{self.kind} models need 'image_bundle' (the frozen image tower)")
+        return self
+
+
+class ParaphraseSpec(Strict):
+    x1: Literal["human", "wordnet", "ppdb", "llm"] = Field("human", description="x' = paraphrase of the caption")
+    x2: Literal["wordnet", "ppdb", "llm", "human"] = Field("wordnet", description="x'' = paraphrase of x' avoiding its words")
+    dataset: str | None = Field(None, description="pre-generated JSONL (caption, x1, x2); generated if missing")
+    ppdb: str | None = None
+
+
+class DataSpec(Strict):
+    captions: str = Field(description="COCO-format captions JSON with images")
+    images: str | None = Field(None, description="image folder of the captions file (default: beside it)")
+    max_images: int | None = Field(None, ge=2)
+    paraphrases: ParaphraseSpec = ParaphraseSpec()
+    differences: str | None = Field(None, description="PC-CLIP: JSONL of {image1, image2, text}; default: built from captions")
+
+
+class ObjectiveSpec(Strict):
+    kind: Literal["paraclip", "laclip", "pcclip", "clip"]
+    temperature: float = Field(0.07, gt=0, le=1)
+    learnable_temperature: bool = False
+    # ParaCLIP ablations
+    l1_text: Literal["x", "x1", "x2"] = "x2"
+    l1: bool = True
+    l2: bool = True
+    l3: bool = True
+    # LaCLIP: texts sampled per image among the caption and its rewrites
+    positives: int = Field(2, ge=1, le=3)
+    anchor_weight: float = Field(0.0, ge=0)
+
+
+class TrainSpec(Strict):
+    lr: float = Field(gt=0)
+    batch_size: int = Field(ge=2)
+    weight_decay: float = Field(0.001, ge=0)
+    epochs: float | None = Field(1.0, gt=0)
+    steps: int | None = Field(None, ge=1, description="overrides epochs")
+    warmup_steps: int = Field(0, ge=0)
+    grad_accum: int = Field(1, ge=1)
+    grad_clip: float | None = Field(1.0, gt=0)
+    seed: int = 0
+    amp: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU)")
+    checkpoint_every: int = Field(100, ge=1)
+    log_every: int = Field(10, ge=1)
+    wise_ft_alpha: float = Field(1.0, ge=0, le=1, description="WiSE-FT: 1 = tuned weights, 0 = original")
+    device: str | None = None
+
+
+class Recipe(Strict):
+    name: str = Field(min_length=1)
+    version: str = "1"
+    model: ModelSpec
+    data: DataSpec
+    objective: ObjectiveSpec
+    train: TrainSpec
+    output: str | None = Field(None, description="run directory (default: runs/<name>)")
+
+    @model_validator(mode="after")
+    def _compatible(self):
+        if self.objective.anchor_weight > 0 and self.model.kind == "alignment":
+            raise ValueError("objective.anchor_weight: alignment layers start from scratch, there is nothing to anchor to")
+        return self
+
+
+def _set(data: dict, dotted: str, value: str) -> None:
+    *path, last = dotted.split(".")
+    node = data
+    for key in path:
+        node = node.setdefault(key, {})
+    node[last] = yaml.safe_load(value)
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+    """Read a YAML recipe; ``overrides`` are ``train.lr=1e-5`` style assignments."""
+    path = Path(path)
+    if not path.is_file():
+        builtin = Path(__file__).resolve().parent / "recipes" / f"{path.name.removesuffix('.yaml')}.yaml"
+        if not builtin.is_file():
+            raise RecipeError(f"recipe {path} does not exist (built-in recipes: {', '.join(list_recipes())})")
+        path = builtin
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from exc
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"override {item!r}: expected key.path=value")
+        _set(data, *item.split("=", 1))
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"recipe.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise RecipeError(f"recipe {path} is invalid:\n  " + "\n  ".join(lines)) from exc
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in (Path(__file__).resolve().parent / "recipes").glob("*.yaml"))

@@ -1,0 +1,290 @@
+"""`paraseek train RECIPE`: one entry point for CPU, one GPU and torchrun/DDP.
+
+AdamW, cosine schedule with warm-up, gradient accumulation, bf16 autocast on GPU, checkpoint and
+resume (a resumed run reaches exactly the state of an uninterrupted one), seeded determinism, a
+progress bar and JSONL metrics. The run ends by exporting a bundle (and a TensorRT engine where
+``trtexec`` exists).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import training  # noqa: F401
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from paraseek.encoder import Encoder
+from training.data import difference_batch, load_training_data, sample_batch
+from training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
+from training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
+from training.recipe import Recipe
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint.pt"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _resolve_image_bundle(spec: str) -> Path:
+    if spec == "starter":
+        from paraseek.paths import default_bundle
+
+        path = default_bundle()
+        if not (path / "manifest.json").is_file():
+            from training.backend.starter import build_starter
+
+            build_starter(path)
+        return path
+    return Path(spec)
+
+
+def build_model(recipe: Recipe, run_dir: Path) -> tuple[TextTower, Encoder]:
+    """The trainable tower and the frozen image encoder (an ONNX bundle) that embeds the images."""
+    from training.backend.hf_text import minilm_dir
+
+    m = recipe.model
+    if m.kind == "open_clip":
+        tower = OpenClipText(m.name or "", m.pretrained, m.config, train_layers=m.train_layers)
+        base = run_dir / "base-bundle"
+        if not (base / "manifest.json").is_file():
+            tower.export(base, name=f"{recipe.name}-base", version="0", source={"role": "frozen image tower"})
+        return tower, Encoder(base)
+    image_bundle = _resolve_image_bundle(m.image_bundle)
+    image_encoder = Encoder(image_bundle)
+    if not image_encoder.has_image_tower:
+        raise ValueError(f"model.image_bundle: {image_bundle} has no image tower")
+    encoder_dir = minilm_dir() if m.encoder == "minilm" else Path(m.encoder)
+    if m.kind == "alignment":
+        tower = AlignmentText(encoder_dir, image_encoder.image_space, image_encoder.dim, m.layers, m.heads, image_bundle)
+    else:
+        tower = SentenceText(encoder_dir, image_encoder.image_space, image_bundle, train_layers=m.train_layers)
+    return tower, image_encoder
+
+
+def cosine_schedule(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    bundle: Path
+    steps: int
+    first_loss: float
+    last_loss: float
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe, run_dir: Path | None = None):
+        self.recipe = recipe
+        self.run_dir = Path(run_dir or recipe.output or Path("runs") / recipe.name)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        t = recipe.train
+        self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if self.distributed:
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            self.rank, self.world = 0, 1
+        self.device = torch.device(t.device or (f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"))
+        seed_everything(t.seed)
+        self.tower, self.image_encoder = build_model(recipe, self.run_dir)
+        self.tower.to(self.device)
+        self.original = frozen_copy(self.tower) if (recipe.objective.anchor_weight > 0 or t.wise_ft_alpha < 1) else None
+        self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
+        self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
+        if self.data.vectors.shape[1] != self._probe_dim():
+            raise ValueError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
+        per_epoch = max(1, math.ceil(len(self.data.captions) / t.batch_size))
+        self.total_steps = t.steps or max(1, math.ceil(per_epoch * t.epochs))
+        params = [p for p in self.tower.parameters() if p.requires_grad] + list(
+            p for p in self.temperature.parameters() if p.requires_grad)
+        self.model = self.tower
+        if self.distributed:
+            self.model = torch.nn.parallel.DistributedDataParallel(self.tower, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, cosine_schedule(t.warmup_steps, self.total_steps))
+        self.step = 0
+        self._resume()
+
+    def _probe_dim(self) -> int:
+        with torch.no_grad():
+            return int(self.tower.encode(["a photo"]).shape[-1])
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _resume(self) -> None:
+        path = self.run_dir / CHECKPOINT
+        if not path.is_file():
+            return
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        if state.get("recipe") != self.recipe.model_dump(mode="json"):
+            raise ValueError(f"{path} belongs to a different recipe: use another output directory")
+        self.tower.load_state_dict(state["tower"], strict=False)
+        self.temperature.load_state_dict(state["temperature"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        log.info("resumed %s at step %d", path, self.step)
+
+    def save_checkpoint(self) -> None:
+        if self.rank != 0:
+            return
+        tmp = self.run_dir / (CHECKPOINT + ".tmp")
+        torch.save({"tower": self.tower.trainable_state(), "temperature": self.temperature.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "step": self.step, "recipe": self.recipe.model_dump(mode="json")}, tmp)
+        os.replace(tmp, self.run_dir / CHECKPOINT)
+
+    # -- objective ---------------------------------------------------------------------------
+    def loss(self, step: int) -> tuple[torch.Tensor, dict]:
+        r, t = self.recipe, self.recipe.train
+        o = r.objective
+        temp = self.temperature()
+        batch = sample_batch(self.data, step, t.batch_size, t.seed, r.data.paraphrases.x1 == "human")
+        if self.world > 1:  # each rank takes its share of the batch
+            keep = slice(self.rank, None, self.world)
+            batch.images, batch.x, batch.x1, batch.x2 = batch.images[keep], batch.x[keep], batch.x1[keep], batch.x2[keep]
+        images = torch.from_numpy(batch.images).to(self.device)
+        encode = self.tower.encode
+        parts: dict = {}
+        if o.kind == "paraclip":
+            x, x1, x2 = encode(batch.x), encode(batch.x1), encode(batch.x2)
+            loss, parts = paraclip_loss(images, x, x1, x2, temp, l1_text=o.l1_text, use_l1=o.l1, use_l2=o.l2, use_l3=o.l3)
+            anchor_texts, anchor_vecs = batch.x, x
+        elif o.kind == "laclip":
+            rng = np.random.default_rng([t.seed, step, 2])
+            texts, owner = [], []
+            for i, (a, b, c) in enumerate(zip(batch.x, batch.x1, batch.x2)):
+                for j in rng.choice(3, size=o.positives, replace=False):
+                    texts.append((a, b, c)[j])
+                    owner.append(i)
+            vecs = encode(texts)
+            loss = multi_positive_loss(images, vecs, torch.tensor(owner, device=self.device), temp)
+            anchor_texts, anchor_vecs = texts, vecs
+        elif o.kind == "pcclip":
+            i1, i2, diff = difference_batch(self.data, step, t.batch_size, t.seed)
+            dvec = encode(diff)
+            loss = difference_loss(torch.from_numpy(i1).to(self.device), torch.from_numpy(i2).to(self.device), dvec, temp)
+            x = encode(batch.x)
+            parts["difference"] = float(loss.detach())
+            clip = info_nce(images, x, temp)  # keeps the plain image-text alignment while learning differences
+            parts["clip"] = float(clip.detach())
+            loss = loss + clip
+            anchor_texts, anchor_vecs = batch.x, x
+        else:
+            x = encode(batch.x)
+            loss = info_nce(images, x, temp)
+            anchor_texts, anchor_vecs = batch.x, x
+        if o.anchor_weight > 0:
+            with torch.no_grad():
+                ref = self.original.encode(anchor_texts)
+            a = anchor_loss(anchor_vecs, ref)
+            parts["anchor"] = float(a.detach())
+            loss = loss + o.anchor_weight * a
+        return loss, parts
+
+    # -- loop --------------------------------------------------------------------------------
+    def fit(self, max_steps: int | None = None, progress: bool = True) -> list[float]:
+        """Train until the recipe's last step (or ``max_steps`` more steps, for tests and time limits)."""
+        t = self.recipe.train
+        end = self.total_steps if max_steps is None else min(self.total_steps, self.step + max_steps)
+        losses = []
+        metrics = open(self.run_dir / "metrics.jsonl", "a") if self.rank == 0 else None
+        use_amp = t.amp and self.device.type == "cuda"
+        self.tower.train()
+        bar = tqdm(total=end - self.step, desc=self.recipe.name, disable=not progress or self.rank != 0)
+        try:
+            while self.step < end:
+                started = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                parts = {}
+                for micro in range(t.grad_accum):
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                        loss, parts = self.loss(self.step * t.grad_accum + micro)
+                    (loss / t.grad_accum).backward()
+                    total += float(loss.detach()) / t.grad_accum
+                if t.grad_clip:
+                    torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], t.grad_clip)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.step += 1
+                losses.append(total)
+                bar.update(1)
+                bar.set_postfix(loss=f"{total:.4f}")
+                if metrics and (self.step % t.log_every == 0 or self.step == end):
+                    metrics.write(json.dumps({"step": self.step, "loss": total, **parts, "lr": self.scheduler.get_last_lr()[0],
+                                              "temperature": float(self.temperature()), "seconds": time.perf_counter() - started}) + "\n")
+                    metrics.flush()
+                if self.step % t.checkpoint_every == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            if metrics:
+                metrics.close()
+        self.save_checkpoint()
+        return losses
+
+    def export(self) -> Path:
+        """Apply WiSE-FT and write the bundle (rank 0)."""
+        out = self.run_dir / "bundle"
+        if self.rank != 0:
+            return out
+        alpha = self.recipe.train.wise_ft_alpha
+        if alpha < 1:
+            mixed = wise_ft(self.original.state_dict(), self.tower.trainable_state(), alpha)
+            self.tower.load_state_dict(mixed, strict=False)
+        self.tower.eval().cpu()
+        if out.exists():
+            shutil.rmtree(out)
+        self.tower.export(out, name=self.recipe.name, version=self.recipe.version,
+                          source={"exporter": "paraseek train", "recipe": self.recipe.model_dump(mode="json"), "steps": self.step})
+        _maybe_tensorrt(out)
+        return out
+
+
+def _maybe_tensorrt(bundle: Path) -> None:
+    """Where TensorRT's trtexec exists, build an engine for the text tower beside the ONNX file."""
+    trtexec = shutil.which("trtexec")
+    if trtexec is None:
+        return
+    from paraseek.bundle import read_manifest
+
+    m = read_manifest(bundle)
+    shapes = lambda b, n: ",".join(f"{name}:{b}x{n}" for name in m.text.input_names)  # noqa: E731
+    result = subprocess.run([trtexec, f"--onnx={bundle / m.text.file}", f"--saveEngine={bundle / 'text.plan'}",
+                             f"--minShapes={shapes(1, 2)}", f"--optShapes={shapes(32, 32)}",
+                             f"--maxShapes={shapes(256, m.max_tokens)}"], capture_output=True, text=True)
+    if result.returncode != 0:
+        log.warning("TensorRT engine not built: %s", result.stderr[-500:])
+
+
+def train(recipe: Recipe, run_dir: Path | None = None, max_steps: int | None = None, progress: bool = True) -> RunResult:
+    trainer = Trainer(recipe, run_dir)
+    losses = trainer.fit(max_steps=max_steps, progress=progress)
+    bundle = trainer.export() if trainer.step >= trainer.total_steps else trainer.run_dir / "bundle"
+    if trainer.distributed:
+        torch.distributed.destroy_process_group()
+    return RunResult(trainer.run_dir, bundle, trainer.step, losses[0] if losses else float("nan"),
+                     losses[-1] if losses else float("nan"))
