@@ -149,7 +149,8 @@ class Encoder:
     """A loaded model bundle.
 
     ``precision="int8"`` runs the quantised text tower when the bundle has one. ``threads`` sets
-    onnxruntime's intra-op threads (None: onnxruntime's default, all cores).
+    onnxruntime's intra-op threads (None: onnxruntime's default, all cores); ``spin=False`` lets idle
+    threads sleep (servers).
     """
 
     def __init__(
@@ -161,11 +162,13 @@ class Encoder:
         threads: int | None = None,
         verify: bool = True,
         load_image: bool = True,
+        spin: bool = True,
     ):
         self.path = Path(bundle_dir)
         self.manifest: BundleManifest = read_manifest(self.path, verify=verify)
         self.providers = choose_providers(providers)
         self.threads = threads
+        self.spin = spin
         m = self.manifest
         if precision not in ("fp32", "int8"):
             raise ValueError(f"precision must be 'fp32' or 'int8', not {precision!r}")
@@ -213,6 +216,10 @@ class Encoder:
             opts.intra_op_num_threads = int(self.threads)
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        if not self.spin:
+            # idle intra-op threads sleep instead of spinning: in a server they would otherwise burn the
+            # cores the event loop needs between encoder calls
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
 
     def with_text_model(self, onnx_path: str | os.PathLike) -> "Encoder":

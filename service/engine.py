@@ -56,7 +56,8 @@ class Active:
 
 
 def load_active(bundle, snapshot, settings: Settings, precision: str | None = None) -> Active:
-    encoder = Encoder(bundle, precision=precision or settings.precision, threads=settings.encoder_threads)
+    encoder = Encoder(bundle, precision=precision or settings.precision, threads=settings.encoder_threads,
+                      spin=settings.encoder_spin)
     snap = Snapshot.load(snapshot, image_space=encoder.image_space, threads=settings.faiss_threads)
     return Active(encoder, snap)
 
@@ -209,7 +210,8 @@ class SearchEngine:
             licence=row.get("license"),
         )
 
-    async def search(self, req: SearchRequest) -> SearchResponse:
+    async def search(self, req: SearchRequest) -> dict:
+        """The response as a JSON-ready dict (the route returns it without re-validating it)."""
         t0 = time.perf_counter()
         active = self.require_active()
         snap = active.snapshot
@@ -220,10 +222,10 @@ class SearchEngine:
                 raise RequestError(f"terms.{i}.text", f"term is longer than {self.settings.max_query_chars} characters")
         key = params_key({"snapshot": snap.version, "model": active.model_id, "request": req.model_dump()})
         hit = await self.cache.get_result(key)
-        if hit is not None:
-            resp = SearchResponse.model_validate(hit)
-            total = (time.perf_counter() - t0) * 1000
-            return resp.model_copy(update={"cache": "hit", "timings": Timings(encode_ms=0, search_ms=0, total_ms=total)})
+        if hit is not None:  # stored exactly as served: patch the per-request fields only
+            hit["cache"] = "hit"
+            hit["timings"] = {"encode_ms": 0.0, "search_ms": 0.0, "total_ms": (time.perf_counter() - t0) * 1000}
+            return hit
 
         # 1. every text of the request, generated ones included, then one embedding call
         expansions: list[str] = []
@@ -318,8 +320,9 @@ class SearchEngine:
             truncated=bool(truncated[0]) if req.query is not None else any(truncated),
             expansions=expansions or None, consistency=report,
         )
-        await self.cache.put_result(key, response.model_dump(mode="json"))
-        return response
+        body = response.model_dump(mode="json", exclude_none=True)
+        await self.cache.put_result(key, body)
+        return body
 
 
 def validate_snapshot(active: Active) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import ORJSONResponse
 
 from service.deps import get_engine, get_settings
 from service.engine import RequestError, SearchEngine
@@ -12,10 +13,12 @@ from service.settings import Settings
 router = APIRouter(prefix="/v1", tags=["search"])
 
 
+# The engine builds the body from SearchResponse already; returning it as a Response skips FastAPI's
+# second validation pass (response_model stays for the OpenAPI schema).
 @router.post("/search", response_model=SearchResponse, response_model_exclude_none=True)
-async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)) -> SearchResponse:
+async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)):
     """Text-to-image search, with optional query expansion, consistency report and weighted terms."""
-    return await engine.search(req)
+    return ORJSONResponse(await engine.search(req))
 
 
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True)
@@ -31,4 +34,4 @@ async def search_batch(
             raise RequestError(f"requests.{i}.{r.field}", str(r), r.status)
         if isinstance(r, BaseException):
             raise r
-    return BatchSearchResponse(responses=results)
+    return ORJSONResponse({"responses": results})
