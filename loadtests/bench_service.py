@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import os
 import signal
 import socket
@@ -23,10 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import httpx
+
+from loadtests.queries import caption_groups
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -35,24 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def caption_groups(data: Path) -> list[list[str]]:
-    """Human paraphrase sets: the captions of one photo."""
-    groups: dict[str, list[str]] = defaultdict(list)
-    tsv = data / "coco-captions" / "train_captions.tsv"
-    if tsv.is_file():
-        with open(tsv) as f:
-            for row in csv.DictReader(f, delimiter="\t"):
-                groups[row["image_id"]].append(row["caption"].strip())
-    else:
-        import json
-
-        from paraseek.demo import CAPTIONS_FILE
-
-        for a in json.loads(CAPTIONS_FILE.read_text())["annotations"]:
-            groups[str(a["image_id"])].append(a["caption"].strip())
-    return [g for g in groups.values() if len(g) >= 4]
 
 
 def start_server(home: Path, port: int, **env) -> subprocess.Popen:
@@ -113,7 +95,7 @@ def main(argv=None) -> int:
     from paraseek.cli import ensure_embedded_default
 
     ensure_embedded_default()
-    groups = caption_groups(args.data)
+    groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
     servers = {}
     try:
         for name, batching in (("batching", "true"), ("no-batching", "false")):

@@ -10,31 +10,15 @@ paraphrases, used for consistency reports.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import random
-from collections import defaultdict
 
 from locust import FastHttpUser, between, tag, task
 
-
-def _load_groups() -> list[list[str]]:
-    groups: dict[str, list[str]] = defaultdict(list)
-    path = os.environ.get("PARASEEK_LOAD_QUERIES")
-    if path:
-        with open(path) as f:
-            for row in csv.DictReader(f, delimiter="\t"):
-                groups[row["image_id"]].append(row["caption"].strip())
-    else:
-        from paraseek.demo import CAPTIONS_FILE
-
-        for a in json.loads(CAPTIONS_FILE.read_text())["annotations"]:
-            groups[str(a["image_id"])].append(a["caption"].strip())
-    return [g for g in groups.values() if len(g) >= 2]
+from loadtests.queries import caption_groups
 
 
-GROUPS = _load_groups()
+GROUPS = caption_groups(os.environ.get("PARASEEK_LOAD_QUERIES"))
 POPULAR = [g[0] for g in GROUPS[:20]]  # a few queries many users repeat: cache hits
 
 

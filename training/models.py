@@ -124,16 +124,13 @@ class AlignmentHead(nn.Module):
         return self.proj(self.norm(mean_pool(x, attention_mask)))
 
 
-class AlignmentText(TextTower):
-    def __init__(self, encoder_dir: Path, image_space: str, out_dim: int, layers: int = 6, heads: int = 8,
-                 image_bundle: Path | None = None):
+class _HFTextTower(TextTower):
+    """A tower around a Hugging Face encoder (``SentenceEncoder``): tokenise with its tokenizer.json,
+    export as a text bundle that ships the frozen image tower of ``image_bundle``."""
+
+    def __init__(self, encoder: SentenceEncoder, model_dir: Path, image_space: str, image_bundle: Path | None):
         super().__init__()
-        hf, model_dir = load_hf_encoder(encoder_dir)
-        for p in hf.parameters():
-            p.requires_grad_(False)
-        width = hf.config.hidden_size
-        heads = heads if width % heads == 0 else 1
-        self.encoder = SentenceEncoder(hf, head=AlignmentHead(width, out_dim, layers, heads))
+        self.encoder = encoder
         self.model_dir = model_dir
         self.image_space = image_space
         self.image_bundle = image_bundle
@@ -146,21 +143,32 @@ class AlignmentText(TextTower):
     def forward(self, input_ids, attention_mask):
         return self.encoder(input_ids, attention_mask)
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.encoder.hf_model.eval()  # the frozen encoder never uses dropout
-        return self
-
     def export(self, out_dir, *, name, version, source):
         m = export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
                                 version=version, image_space=self.image_space, max_tokens=self.max_tokens, source=source)
         return _copy_image_tower(self.image_bundle, Path(out_dir), m) if self.image_bundle else m
 
 
-class SentenceText(TextTower):
+class AlignmentText(_HFTextTower):
+    def __init__(self, encoder_dir: Path, image_space: str, out_dim: int, layers: int = 6, heads: int = 8,
+                 image_bundle: Path | None = None):
+        hf, model_dir = load_hf_encoder(encoder_dir)
+        for p in hf.parameters():
+            p.requires_grad_(False)
+        width = hf.config.hidden_size
+        heads = heads if width % heads == 0 else 1
+        super().__init__(SentenceEncoder(hf, head=AlignmentHead(width, out_dim, layers, heads)), model_dir,
+                         image_space, image_bundle)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.encoder.hf_model.eval()  # the frozen encoder never uses dropout
+        return self
+
+
+class SentenceText(_HFTextTower):
     def __init__(self, encoder_dir: Path, image_space: str, image_bundle: Path | None = None,
                  train_layers: int | None = None):
-        super().__init__()
         hf, model_dir = load_hf_encoder(encoder_dir)
         if train_layers is not None:
             for p in hf.parameters():
@@ -168,23 +176,7 @@ class SentenceText(TextTower):
             for layer in hf.encoder.layer[len(hf.encoder.layer) - train_layers:]:
                 for p in layer.parameters():
                     p.requires_grad_(True)
-        self.encoder = SentenceEncoder(hf)
-        self.model_dir = model_dir
-        self.image_space = image_space
-        self.image_bundle = image_bundle
-        self.max_tokens = max_seq_length(model_dir)
-        self._tokenizer = _HFTokenizer(model_dir / "tokenizer.json", self.max_tokens)
-
-    def tokenize(self, texts):
-        return self._tokenizer(texts)
-
-    def forward(self, input_ids, attention_mask):
-        return self.encoder(input_ids, attention_mask)
-
-    def export(self, out_dir, *, name, version, source):
-        m = export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
-                                version=version, image_space=self.image_space, max_tokens=self.max_tokens, source=source)
-        return _copy_image_tower(self.image_bundle, Path(out_dir), m) if self.image_bundle else m
+        super().__init__(SentenceEncoder(hf), model_dir, image_space, image_bundle)
 
 
 def frozen_copy(tower: TextTower) -> TextTower:

@@ -137,12 +137,7 @@ def plot_results(rows, ao_distributions, out: Path, k: int) -> list[Path]:
             ax.hist(ao, bins=bins, alpha=0.5, label=f"{name} (mean {ao.mean():.3f})")
         ax.set_xlabel(f"AO@{k} between a query's and its paraphrase's top-{k}")
         ax.set_ylabel("pairs")
-        ax.set_title("Paraphrase consistency")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "ao_distribution.png", dpi=110)
-        plt.close(fig)
-        written.append(out / "ao_distribution.png")
+        written.append(_save(fig, ax, "Paraphrase consistency", out / "ao_distribution.png"))
     keys = [c for c in ("T2I R@1", "T2I R@5", "T2I R@10", "I2T R@1", "I2T R@5", "I2T R@10") if any(c in r for r in rows)]
     if keys:
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -152,10 +147,16 @@ def plot_results(rows, ao_distributions, out: Path, k: int) -> list[Path]:
             ax.bar(x + j * width, [r.get(c, 0) for c in keys], width, label=r["model"])
         ax.set_xticks(x + width * (len(rows) - 1) / 2, keys)
         ax.set_ylabel("recall (%)")
-        ax.set_title("Retrieval")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "recall.png", dpi=110)
-        plt.close(fig)
-        written.append(out / "recall.png")
+        written.append(_save(fig, ax, "Retrieval", out / "recall.png"))
     return written
+
+
+def _save(fig, ax, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
