@@ -32,6 +32,7 @@ class TrainingData:
     captions: list[list[str]]  # per image
     rewrites: dict[str, tuple[str | None, str]]  # caption -> (generated x1 or None, x2 of the caption)
     differences: list[tuple[int, int, str]] | None = None  # PC-CLIP (row1, row2, text)
+    text_groups: list[list[str]] | None = None  # paraphrase sets without images
 
 
 @dataclass
@@ -117,8 +118,14 @@ def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) ->
     if len(keep) < 2:
         raise ValueError(f"data.captions: need at least 2 images with 2+ captions, found {len(keep)}")
     ids, vectors, captions = ids[keep], vectors[keep], [captions[i] for i in keep]
+    text_groups = None
+    if data.text_captions:
+        from paraseek.evaluation.data import read_caption_groups
+
+        text_groups = read_caption_groups(data.text_captions)
     dataset = Path(data.paraphrases.dataset) if data.paraphrases.dataset else run_dir / "paraphrases.jsonl"
-    rewrites = generate_paraphrases([c for group in captions for c in group], data.paraphrases, dataset)
+    every_caption = [c for group in captions + (text_groups or []) for c in group]
+    rewrites = generate_paraphrases(every_caption, data.paraphrases, dataset)
     differences = None
     if data.differences:
         position = {int(i): r for r, i in enumerate(ids)}
@@ -128,15 +135,21 @@ def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) ->
                 row = json.loads(line)
                 if int(row["image1"]) in position and int(row["image2"]) in position:
                     differences.append((position[int(row["image1"])], position[int(row["image2"])], row["text"]))
-    return TrainingData(ids, vectors, captions, rewrites, differences)
+    return TrainingData(ids, vectors, captions, rewrites, differences, text_groups)
 
 
-def sample_batch(data: TrainingData, step: int, batch_size: int, seed: int, x1_human: bool) -> Batch:
+def sample_batch(data: TrainingData, step: int, batch_size: int, seed: int, x1_human: bool,
+                 text_per_batch: int = 0) -> Batch:
+    """``batch_size`` photos with a caption, x' and x'' each; then ``text_per_batch`` text-only sets
+    (their rows come after the photos' rows in x, x1, x2)."""
     rng = np.random.default_rng([seed, step])
     rows = rng.choice(len(data.captions), size=min(batch_size, len(data.captions)), replace=False)
+    groups = [data.captions[r] for r in rows]
+    if text_per_batch and data.text_groups:
+        pick = rng.choice(len(data.text_groups), size=min(text_per_batch, len(data.text_groups)), replace=False)
+        groups += [data.text_groups[i] for i in pick]
     x, x1, x2 = [], [], []
-    for r in rows:
-        group = data.captions[r]
+    for group in groups:
         a, b = rng.choice(len(group), size=2, replace=False)
         caption = group[a]
         if x1_human:

@@ -44,14 +44,15 @@ def paraclip_loss(
 
     ``x``: captions, ``x1``: their paraphrases x', ``x2``: paraphrases of x' avoiding its words (x'').
     Ablations: ``l1_text`` picks which texts L1 pairs with the images (x, x1 or x2), and each term can
-    be switched off.
+    be switched off. Text rows beyond ``len(image)`` are paraphrase sets without a photo: they take part
+    in L2 and L3 only.
     """
     texts = {"x": x, "x1": x1, "x2": x2}
     if l1_text not in texts:
         raise ValueError(f"l1_text must be one of {sorted(texts)}, not {l1_text!r}")
     parts: dict[str, torch.Tensor] = {}
     if use_l1:
-        parts["l1"] = info_nce(image, texts[l1_text], temperature)
+        parts["l1"] = info_nce(image, texts[l1_text][: len(image)], temperature)
     if use_l2:
         parts["l2"] = info_nce(x, x1, temperature)
     if use_l3:

@@ -52,6 +52,9 @@ class DataSpec(Strict):
     captions: str = Field(description="COCO-format captions JSON with images")
     images: str | None = Field(None, description="image folder of the captions file (default: beside it)")
     max_images: int | None = Field(None, ge=2)
+    text_captions: str | None = Field(None, description="TSV (image_id, caption): extra paraphrase sets without "
+                                      "images, used by the text-text terms (ParaCLIP L2/L3)")
+    text_per_batch: int = Field(0, ge=0, description="text-only sets added to each batch")
     paraphrases: ParaphraseSpec = ParaphraseSpec()
     differences: str | None = Field(None, description="PC-CLIP: JSONL of {image1, image2, text}; default: built from captions")
 

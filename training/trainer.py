@@ -161,7 +161,8 @@ class Trainer:
         r, t = self.recipe, self.recipe.train
         o = r.objective
         temp = self.temperature()
-        batch = sample_batch(self.data, step, t.batch_size, t.seed, r.data.paraphrases.x1 == "human")
+        batch = sample_batch(self.data, step, t.batch_size, t.seed, r.data.paraphrases.x1 == "human",
+                             r.data.text_per_batch if o.kind == "paraclip" else 0)
         if self.world > 1:  # each rank takes its share of the batch
             keep = slice(self.rank, None, self.world)
             batch.images, batch.x, batch.x1, batch.x2 = batch.images[keep], batch.x[keep], batch.x1[keep], batch.x2[keep]

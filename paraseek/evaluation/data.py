@@ -36,6 +36,23 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
+def read_caption_groups(path: str | Path, min_size: int = 2) -> list[list[str]]:
+    """Captions grouped by photo from a TSV with ``image_id`` and ``caption`` columns (COCO's captions
+    of one photo are human paraphrases of each other)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"captions file {path} does not exist")
+    groups: dict[str, list[str]] = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        if not reader.fieldnames or not {"image_id", "caption"} <= set(reader.fieldnames):
+            raise DataError(f"{path}: expected a header with image_id and caption columns")
+        for row in reader:
+            if row["caption"] and row["caption"].strip():
+                groups.setdefault(row["image_id"], []).append(row["caption"].strip())
+    return [g for g in groups.values() if len(g) >= min_size]
+
+
 @dataclass
 class StsPair:
     score: float

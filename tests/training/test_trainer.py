@@ -128,3 +128,18 @@ def test_trained_bundle_serves(shared_data, starter_bundle, tmp_path):
     with TestClient(create_app(Settings(bundle=result.bundle, snapshot=snapshot, log_json=False))) as c:
         r = c.post("/v1/search", json={"query": "a living room", "k": 3})
         assert r.status_code == 200 and r.json()["bundle"] == "paraclip-starter-cpu"
+
+
+def test_text_only_caption_sets_feed_l2_l3(shared_data, starter_bundle, tmp_path):
+    """COCO train_captions.tsv: paraphrase sets without photos join the text-text terms."""
+    from training.data import sample_batch
+
+    spec = tiny("paraclip-starter-cpu", shared_data, starter_bundle,
+                f"data.text_captions={shared_data / 'coco-captions/train_captions.tsv'}", "data.text_per_batch=3",
+                "data.paraphrases.dataset=" + str(tmp_path / "para.jsonl"))
+    trainer = Trainer(spec, tmp_path / "run")
+    assert len(trainer.data.text_groups) > 3000
+    batch = sample_batch(trainer.data, 0, 4, 0, True, 3)
+    assert len(batch.images) == 4 and len(batch.x) == len(batch.x1) == len(batch.x2) == 7
+    losses = trainer.fit(progress=False)
+    assert len(losses) == 2 and all(np.isfinite(losses))
