@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends
-from fastapi.responses import ORJSONResponse
+import orjson
+from fastapi import APIRouter, Depends, Response
 
 from service.deps import get_engine, get_settings
 from service.engine import RequestError, SearchEngine
@@ -13,12 +13,16 @@ from service.settings import Settings
 router = APIRouter(prefix="/v1", tags=["search"])
 
 
+def _json(body) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
 # The engine builds the body from SearchResponse already; returning it as a Response skips FastAPI's
 # second validation pass (response_model stays for the OpenAPI schema).
 @router.post("/search", response_model=SearchResponse, response_model_exclude_none=True)
 async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)):
     """Text-to-image search, with optional query expansion, consistency report and weighted terms."""
-    return ORJSONResponse(await engine.search(req))
+    return _json(await engine.search(req))
 
 
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True)
@@ -34,4 +38,4 @@ async def search_batch(
             raise RequestError(f"requests.{i}.{r.field}", str(r), r.status)
         if isinstance(r, BaseException):
             raise r
-    return ORJSONResponse({"responses": results})
+    return _json({"responses": results})

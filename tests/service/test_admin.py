@@ -79,3 +79,19 @@ def test_reload_checks_image_space(client, tiny_clip, starter_bundle):
     assert r.status_code == 200 and r.json()["precision"] == "int8"
     assert client.get("/v1/info").json()["bundle"]["precision"] == "int8"
     assert client.post("/v1/search", json={"query": "a dog"}).status_code == 200
+
+
+def test_replica_follows_current_written_elsewhere(make_settings, snapshot_copy, starter_encoder, shared_data):
+    """Another replica (or a CLI job) publishes a new version: this one swaps to it by itself."""
+    from index.builder import build_snapshot
+
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, snapshot_poll_s=0.2))) as c:
+        before = c.get("/v1/info").json()["snapshot"]
+        result = build_snapshot(shared_data / "coco-mini/captions_val2017.json", starter_encoder, snapshot_copy,
+                                progress=False)
+        deadline = time.time() + 10
+        while time.time() < deadline and c.get("/v1/info").json()["snapshot"]["version"] == before["version"]:
+            time.sleep(0.1)
+        after = c.get("/v1/info").json()["snapshot"]
+        assert after["version"] == result.manifest.version and after["count"] == 159
+        assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == after["version"]
