@@ -236,7 +236,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{total:.4f}")
                 if metrics and (self.step % t.log_every == 0 or self.step == end):
                     metrics.write(json.dumps({"step": self.step, "loss": total, **parts, "lr": self.scheduler.get_last_lr()[0],
-                                              "temperature": float(self.temperature()), "seconds": time.perf_counter() - started}) + "\n")
+                                              "temperature": float(self.temperature().detach()), "seconds": time.perf_counter() - started}) + "\n")
                     metrics.flush()
                 if self.step % t.checkpoint_every == 0:
                     self.save_checkpoint()

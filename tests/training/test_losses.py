@@ -68,7 +68,7 @@ def test_anchor_and_temperature_and_wise_ft():
     assert float(anchor_loss(v, v)) == pytest.approx(0.0, abs=1e-6)
     assert float(anchor_loss(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]))) == pytest.approx(1.0)
     t = Temperature(0.07, learnable=True)
-    assert float(t()) == pytest.approx(0.07) and t.log_t.requires_grad
+    assert float(t().detach()) == pytest.approx(0.07) and t.log_t.requires_grad
     assert list(Temperature(0.07).parameters()) == []  # fixed: a buffer, not trained
     mixed = wise_ft({"w": torch.zeros(2)}, {"w": torch.ones(2)}, 0.25)
     assert mixed["w"].tolist() == [0.25, 0.25]
