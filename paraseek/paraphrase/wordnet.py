@@ -4,6 +4,7 @@ become phrases ("hot_dog" -> "hot dog")."""
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 from paraseek.paraphrase import SourceUnavailable, substitution_variants
@@ -23,9 +24,16 @@ class WordNetSource:
                 "WordNet is not installed for NLTK (set NLTK_DATA to a folder with corpora/wordnet.zip)"
             ) from exc
         self._wn = wordnet
+        # NLTK's WordNet reader shares one zip-file handle: concurrent reads from threads corrupt it
+        # (AssertionError in nltk.data), so lookups are serialised; they are memoised, so rarely waited on
+        self._lock = threading.Lock()
         self._synonyms = lru_cache(maxsize=50_000)(self._lookup)
 
     def _lookup(self, word: str) -> list[str]:
+        with self._lock:
+            return self._lookup_unlocked(word)
+
+    def _lookup_unlocked(self, word: str) -> list[str]:
         synsets = self._wn.synsets(word)
         if not synsets:
             return []
