@@ -177,6 +177,9 @@ class SearchEngine:
             return await asyncio.to_thread(source.paraphrases, text, n)
         except LLMError as exc:
             raise RequestError(field, str(exc), status=502) from exc
+        except Exception as exc:  # a source's own failure: logged in full, reported as upstream, never a 500
+            log.exception("paraphrase source %s failed", method)
+            raise RequestError(field, f"{method} failed: {type(exc).__name__}: {exc}", status=502) from exc
 
     # -- embeddings ----------------------------------------------------------------------------
     @staticmethod

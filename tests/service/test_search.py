@@ -231,3 +231,15 @@ def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
         fake_llm["handler"].fail = True
         bad = c.post("/v1/search", json={"query": "something new", "expansion": {"method": "llm", "n": 1}})
         assert bad.status_code == 502 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "method"]
+
+
+def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
+    from paraseek.paraphrase.wordnet import WordNetSource
+
+    def broken(self, text, n):
+        raise OSError("corpus file unreadable")
+
+    monkeypatch.setattr(WordNetSource, "paraphrases", broken)
+    r = client.post("/v1/search", json={"query": "a dog", "expansion": {"method": "wordnet", "n": 2}})
+    assert r.status_code == 502
+    assert r.json()["detail"][0]["loc"] == ["body", "expansion", "method"] and "corpus file" in r.text
