@@ -198,7 +198,8 @@ class SearchEngine:
             for t, v, f in zip(missing, vectors, flags):
                 found[t], truncated[t] = v, f
             await self.cache.put_embeddings(active.model_id, missing, vectors)
-        hits = [t for t in unique if t not in set(missing)]
+        encoded = set(missing)
+        hits = [t for t in unique if t not in encoded]
         if hits:  # a cached vector does not say whether its text was truncated: the tokenizer does
             for t, flag in zip(hits, active.encoder.tokenizer.is_truncated(hits)):
                 truncated[t] = flag
