@@ -13,8 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 TARGET = 4.0  # int8 truncated batch-1 must be at least this much faster than torch eager 77 tokens
 
 
@@ -36,9 +34,8 @@ def run(repeats: int = 30, workdir: Path | None = None, threads: int | None = No
 
     from paraseek.demo import demo_captions
     from paraseek.encoder import Encoder
-    from training.backend.hf_text import SentenceEncoder, load_hf_encoder, minilm_dir
+    from training.backend.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
     from training.backend.openclip import export_open_clip_model
-    from training.backend.hf_text import export_text_encoder, max_seq_length
     from training.backend.quantize import quantize_text_tower
 
     if threads:

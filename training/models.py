@@ -16,7 +16,6 @@ from pathlib import Path
 
 import training  # noqa: F401  (torchvision shim)
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from paraseek.bundle import BundleManifest, read_manifest, write_manifest

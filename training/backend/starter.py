@@ -15,7 +15,6 @@ label and loses R@10).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import training  # noqa: F401  (torchvision shim before timm)
