@@ -12,10 +12,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import faiss
 import numpy as np
 from tqdm import tqdm
 
+from core.encoder import Encoder
+from core.errors import UserError
+from core.rank_metrics import overlap_recall
 from index.faiss_index import IndexSpec, create_index, exact_search, train_and_add
+from index.image_sources import ImageRecord, ImageSource, open_source
 from index.snapshot import (
     BundleRef,
     Snapshot,
@@ -26,15 +31,12 @@ from index.snapshot import (
     staging_dir,
     write_snapshot_files,
 )
-from index.sources import ImageRecord, ImageSource, open_source
-from paraseek.encoder import Encoder
-from paraseek.metrics import overlap_recall
 
 log = logging.getLogger(__name__)
 RECALL_QUERIES = 1000
 
 
-class BuildError(RuntimeError):
+class BuildError(UserError):
     """Nothing could be indexed."""
 
 
@@ -72,7 +74,11 @@ def embed_records(
 ) -> tuple[np.ndarray, list[ImageRecord], list[dict], list[dict]]:
     """-> (vectors, kept records, their size info, skipped [{path, error}])."""
     workers = workers or min(8, os.cpu_count() or 2)
-    vectors, kept, sizes, skipped, pending = [], [], [], [], []
+    vectors: list[np.ndarray] = []
+    kept: list[ImageRecord] = []
+    sizes: list[dict] = []
+    skipped: list[dict] = []
+    pending: list[tuple[np.ndarray, ImageRecord]] = []
     bar = tqdm(total=len(records), unit="img", desc="indexing", disable=not progress, smoothing=0.1)
 
     def flush():
@@ -132,33 +138,46 @@ def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray,
     return vectors[pick]
 
 
-def _finish(
-    root: Path, stage: Path, encoder: Encoder, spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray,
-    metadata: list[dict], source: dict, report: dict, parent: str | None, version: str, index=None,
-    activate: bool = True,
-) -> tuple[Path, SnapshotManifest]:
+@dataclass
+class VersionDraft:
+    """Everything a new snapshot version is made of, before its index is built and it is published."""
+
+    root: Path
+    stage: Path
+    version: str
+    vectors: np.ndarray
+    ids: np.ndarray
+    metadata: list[dict]
+    provenance: dict  # the manifest's ``source``: which image source was indexed
+    report: dict
+    parent: str | None = None
+
+
+def _finish(draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
+            activate: bool = True) -> tuple[Path, SnapshotManifest]:
     """Build the index (unless given), measure its recall, write and publish the version."""
-    if len(np.unique(ids)) != len(ids):
+    d = draft
+    if len(np.unique(d.ids)) != len(d.ids):
         raise BuildError("duplicate image ids in the source (two images with the same id or path)")
     if index is None:
-        spec = spec.resolved(len(ids), encoder.dim)
-        index = train_and_add(create_index(spec, encoder.dim), vectors, ids)
-    recall, n_queries = measure_recall(index, spec, vectors, ids, _recall_queries(encoder, metadata, vectors))
-    write_snapshot_files(stage, index, ids, vectors, metadata, report)
+        spec = spec.resolved(len(d.ids), encoder.dim)
+        index = train_and_add(create_index(spec, encoder.dim), d.vectors, d.ids)
+    recall, n_queries = measure_recall(index, spec, d.vectors, d.ids, _recall_queries(encoder, d.metadata, d.vectors))
+    write_snapshot_files(d.stage, index, d.ids, d.vectors, d.metadata, d.report)
     manifest = SnapshotManifest(
-        version=version,
+        version=d.version,
         created_at=datetime.now(timezone.utc).isoformat(),
-        parent=parent,
+        parent=d.parent,
         bundle=BundleRef(name=encoder.name, version=encoder.version, image_space=encoder.image_space),
         image_space=encoder.image_space,
-        count=len(ids),
+        count=len(d.ids),
         dim=encoder.dim,
         index=spec,
         recall_at_10=recall,
         recall_queries=n_queries,
-        source=source,
+        source=d.provenance,
     )
-    return publish(root, stage, manifest, activate=activate)
+    return publish(d.root, d.stage, manifest, activate=activate)
 
 
 def build_snapshot(
@@ -199,16 +218,14 @@ def build_snapshot(
             "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
             "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
         }
-        source_info = {"kind": src.kind, "root": str(src.root.resolve()),
+        provenance = {"kind": src.kind, "root": str(src.root.resolve()),
                        "annotations": str(src.annotations.resolve()) if src.annotations else None}
-        final, manifest = _finish(
-            root, stage, encoder, spec or IndexSpec(), vectors, ids, _metadata(kept, sizes),
-            source_info, report, None, version, activate=activate,
-        )
+        draft = VersionDraft(root, stage, version, vectors, ids, _metadata(kept, sizes), provenance, report)
+        final, manifest = _finish(draft, encoder, spec or IndexSpec(), activate=activate)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
         raise
-    return BuildResult(final, manifest, skipped, report["images_per_second"])
+    return BuildResult(final, manifest, skipped, len(kept) / max(seconds, 1e-9))
 
 
 def update_snapshot(
@@ -257,15 +274,14 @@ def update_snapshot(
         added = len(kept)
     if len(ids) == 0:
         raise BuildError("the update would leave the snapshot empty")
-    import faiss
 
     spec = m.index
-    index = faiss.read_index(str(base.path / "index.faiss"))
+    index: faiss.Index | None = faiss.read_index(str(base.path / "index.faiss"))
     if remove:
         if spec.type == "hnsw":
             index = None  # HNSW graphs cannot delete: rebuild from the stored vectors
-        else:
-            index.remove_ids(np.asarray(list(remove), dtype=np.int64))
+        elif index is not None:
+            index.remove_ids(np.asarray(list(remove), dtype=np.int64))  # type: ignore[arg-type]  # SWIG takes arrays
     if retrain:
         index, spec = None, spec.model_copy(update={"nlist": None, "pq_m": None})
     if index is not None and added:
@@ -275,9 +291,8 @@ def update_snapshot(
     report = {"parent": m.version, "added": added, "removed": len(remove), "skipped": skipped,
               "retrained": retrain, "index_rebuilt": index is None}
     try:
-        final, manifest = _finish(
-            root, stage, encoder, spec, vectors, ids, metadata, m.source, report, m.version, version, index=index
-        )
+        draft = VersionDraft(root, stage, version, vectors, ids, metadata, m.source, report, parent=m.version)
+        final, manifest = _finish(draft, encoder, spec, index=index)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -10,6 +10,8 @@ import faiss
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # Exact search is the default up to this many vectors; beyond it `auto` picks HNSW.
@@ -30,7 +32,7 @@ class IndexSpec(BaseModel):
     pq_m: int | None = Field(None, ge=1, description="PQ sub-quantisers; default dim/4 (must divide dim)")
     pq_nbits: int = Field(8, ge=4, le=12)
 
-    def resolved(self, count: int, dim: int) -> "IndexSpec":
+    def resolved(self, count: int, dim: int) -> IndexSpec:
         """Fill in defaults that depend on the data size."""
         upd: dict = {}
         kind = self.type
@@ -47,7 +49,7 @@ class IndexSpec(BaseModel):
             upd["pq_m"] = m
             # each PQ codebook trains 2**nbits centroids on the vectors: shrink codes for small sets
             if count < 16:
-                raise ValueError(f"ivf_pq needs at least 16 vectors to train, the source has {count}: use flat")
+                raise UserError(f"ivf_pq needs at least 16 vectors to train, the source has {count}: use flat")
             upd["pq_nbits"] = min(self.pq_nbits, int(math.log2(count)))
         return self.model_copy(update=upd)
 
@@ -58,6 +60,8 @@ class IndexSpec(BaseModel):
 
 def create_index(spec: IndexSpec, dim: int) -> faiss.Index:
     """An empty index wrapped so that it stores our stable int64 ids."""
+    base: faiss.Index
+    nlist, pq_m = spec.nlist or 1, spec.pq_m or 1  # resolved() filled both for IVF types
     if spec.type == "flat":
         base = faiss.IndexFlatIP(dim)
     elif spec.type == "hnsw":
@@ -66,11 +70,11 @@ def create_index(spec: IndexSpec, dim: int) -> faiss.Index:
         base.hnsw.efSearch = spec.ef_search
     elif spec.type == "ivf_flat":
         quantizer = faiss.IndexFlatIP(dim)
-        base = faiss.IndexIVFFlat(quantizer, dim, spec.nlist, faiss.METRIC_INNER_PRODUCT)
+        base = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
         base.nprobe = spec.nprobe
     elif spec.type == "ivf_pq":
         quantizer = faiss.IndexFlatIP(dim)
-        base = faiss.IndexIVFPQ(quantizer, dim, spec.nlist, spec.pq_m, spec.pq_nbits, faiss.METRIC_INNER_PRODUCT)
+        base = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m, spec.pq_nbits, faiss.METRIC_INNER_PRODUCT)
         base.nprobe = spec.nprobe
     else:
         raise ValueError(f"unresolved index type {spec.type!r}")

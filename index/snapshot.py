@@ -23,8 +23,9 @@ import faiss
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.errors import UserError
+from core.integrity import checksums, verify_checksums
 from index.faiss_index import IndexSpec, apply_search_params, set_threads, to_search_device
-from paraseek.bundle import sha256_file
 
 CURRENT = "current"
 VERSIONS = "versions"
@@ -33,7 +34,7 @@ FILES = ("index.faiss", "ids.npy", "vectors.npy", "metadata.jsonl", "report.json
 FORMAT_VERSION = 1
 
 
-class SnapshotError(RuntimeError):
+class SnapshotError(UserError):
     """A snapshot is missing, altered, or does not fit the bundle it is used with."""
 
 
@@ -57,6 +58,7 @@ class SnapshotManifest(BaseModel):
     index: IndexSpec
     recall_at_10: float | None = Field(None, description="vs exact search; None for exact indexes")
     recall_queries: int = 0
+    # provenance: which image source was indexed (kind, root, annotations)
     source: dict = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
 
@@ -101,7 +103,7 @@ def write_snapshot_files(
 def publish(root: Path, stage: Path, manifest: SnapshotManifest, activate: bool = True) -> tuple[Path, SnapshotManifest]:
     """Checksum, fsync and rename the staged version into place, then (``activate``) point
     ``current`` at it."""
-    files = {name: sha256_file(stage / name) for name in FILES}
+    files = checksums(stage, FILES)
     manifest = manifest.model_copy(update={"files": files})
     (stage / MANIFEST).write_text(manifest.model_dump_json(indent=2))
     for name in (*FILES, MANIFEST):
@@ -183,7 +185,7 @@ class Snapshot:
         verify: bool = True,
         threads: int | None = None,
         use_gpu: bool | None = None,
-    ) -> "Snapshot":
+    ) -> Snapshot:
         version_dir = resolve(path)
         manifest = read_snapshot_manifest(version_dir)
         if image_space is not None and image_space != manifest.image_space:
@@ -193,12 +195,7 @@ class Snapshot:
                 f"space is {image_space!r}. Use a bundle aligned to that image space, or reindex with this bundle."
             )
         if verify:
-            for name, expected in manifest.files.items():
-                p = version_dir / name
-                if not p.is_file():
-                    raise SnapshotError(f"snapshot {version_dir}: file {name!r} is missing")
-                if sha256_file(p) != expected:
-                    raise SnapshotError(f"snapshot {version_dir}: file {name!r} does not match its sha256")
+            verify_checksums(version_dir, manifest.files, "snapshot", SnapshotError)
         set_threads(threads)
         index = faiss.read_index(str(version_dir / "index.faiss"))
         apply_search_params(index, manifest.index)

@@ -13,6 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.demo import demo_captions
+from core.encoder import Encoder
+
 TARGET = 4.0  # int8 truncated batch-1 must be at least this much faster than torch eager 77 tokens
 
 
@@ -28,15 +31,14 @@ def _median_ms(fn, inputs, repeats: int) -> float:
 
 
 def run(repeats: int = 30, workdir: Path | None = None, threads: int | None = None) -> int:
-    import training  # noqa: F401  (torch side: the torchvision shim)
+    # torch and open_clip, lazily: the CLI imports this module, and only this benchmark needs them
+    import training.torch_env  # noqa: F401  (torchvision shim before open_clip)
     import open_clip
     import torch
 
-    from paraseek.demo import demo_captions
-    from paraseek.encoder import Encoder
-    from training.backend.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
-    from training.backend.openclip import export_open_clip_model
-    from training.backend.quantize import quantize_text_tower
+    from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
+    from training.export.openclip import export_open_clip_model
+    from training.export.quantize import quantize_text_tower
 
     if threads:
         torch.set_num_threads(threads)

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from core.encoder import Encoder
+from core.rank_metrics import overlap_recall
+from index.builder import build_snapshot
 from index.faiss_index import IndexSpec, apply_search_params, create_index, exact_search, set_threads, train_and_add
-from paraseek.metrics import overlap_recall
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -45,7 +47,8 @@ def synthetic_collection(centres: np.ndarray, n: int, rng: np.random.Generator, 
 def time_search(index, queries: np.ndarray, batch: int, k: int = 10, budget_s: float = 1.5) -> tuple[float, float]:
     """-> (median latency ms per call, queries/s)."""
     index.search(queries[:batch], k)  # warm-up
-    lat, done, start = [], 0, time.perf_counter()
+    lat: list[float] = []
+    done, start = 0, time.perf_counter()
     while time.perf_counter() - start < budget_s or len(lat) < 5:
         q = queries[(done % len(queries)) : (done % len(queries)) + batch]
         if len(q) < batch:
@@ -60,9 +63,7 @@ def time_search(index, queries: np.ndarray, batch: int, k: int = 10, budget_s: f
 
 
 def build_throughput(data: Path) -> float:
-    from index.builder import build_snapshot
-    from paraseek.encoder import Encoder
-    from training.backend.starter import build_starter
+    from training.export.starter import build_starter  # torch, lazily: only this row needs it
 
     tmp = Path(tempfile.mkdtemp(prefix="paraseek-bench-index-"))
     build_starter(tmp / "starter", int8=False)
@@ -76,6 +77,7 @@ def operating_points(spec: IndexSpec) -> list[tuple[str, IndexSpec]]:
     if spec.type == "hnsw":
         return [(f"efSearch={ef}", spec.model_copy(update={"ef_search": ef})) for ef in (64, 128, 256, 512)]
     if spec.type in ("ivf_flat", "ivf_pq"):
+        assert spec.nlist is not None  # resolved() set it
         probes = sorted({max(1, spec.nlist // d) for d in (128, 64, 32, 16, 8)})
         return [(f"nprobe={p}", spec.model_copy(update={"nprobe": p})) for p in probes]
     return [("exact", spec)]
@@ -114,13 +116,13 @@ def main(argv=None) -> int:
     print("batch 1 runs on 1 FAISS thread (fastest here for single queries), batch 64 on all threads")
     print(f"\n{'size':>8} {'index':9} {'search param':>14} {'build s':>8} {'recall@10':>9} {'b1 ms':>8} {'b1 QPS':>9} "
           f"{'b64 ms':>8} {'b64 QPS':>9} {'x exact b1':>10} {'x exact b64':>11}", flush=True)
-    best = {}
+    best: dict[str, float] = {}
     for n in args.sizes:
         vectors = synthetic_collection(centres, n, rng)
         ids = np.arange(n, dtype=np.int64)
         set_threads(args.threads or os.cpu_count())
         truth = exact_search(vectors, ids, queries, 10)
-        exact_times = None
+        exact_times: tuple[float, float] | None = None
         for kind in args.kinds:
             spec = specs_for(n)[kind]
             set_threads(args.threads or os.cpu_count())
@@ -137,6 +139,7 @@ def main(argv=None) -> int:
                 b64 = time_search(index, queries, 64)
                 if kind == "flat":
                     exact_times = (b1[0], b64[0])
+                assert exact_times is not None, "flat runs first: it is the reference"
                 sx1, sx64 = exact_times[0] / b1[0], exact_times[1] / b64[0]
                 print(f"{n:>8} {kind:9} {label:>14} {build_s:8.1f} {recall:9.3f} {b1[0]:8.3f} {b1[1]:9.0f} "
                       f"{b64[0]:8.2f} {b64[1]:9.0f} {sx1:10.1f} {sx64:11.1f}", flush=True)
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
                     best[f"{kind} {label}"] = max(best.get(f"{kind} {label}", 0), sx1)
             del index
     if best:
-        kind = max(best, key=best.get)  # the fastest setting that reaches the recall target
+        kind = max(best, key=lambda name: best[name])  # the fastest setting that reaches the recall target
         ok = best[kind] >= 10
         print(f"\ntarget at {max(args.sizes)}: approximate index with recall@10 >= 0.95 and >= 10x faster than exact (batch 1): "
               f"{kind} {best[kind]:.1f}x -> {'met' if ok else 'NOT met'}")

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,12 @@ from pathlib import Path
 
 import httpx
 
+from core.net import free_port
+from core.settings import Settings
 from loadtests.queries import caption_groups
+from training.embedded import ensure_embedded_default
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(home: Path, port: int, **env) -> subprocess.Popen:
@@ -91,10 +87,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
-    os.environ["PARASEEK_HOME"] = str(home)
-    from paraseek.cli import ensure_embedded_default
-
-    ensure_embedded_default()
+    ensure_embedded_default(Settings(home=home))
     groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
     servers = {}
     try:

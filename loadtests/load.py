@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -50,9 +51,7 @@ def run_load(url: str, *, users: int = 20, spawn_rate: float = 5, duration_s: in
     if tags:
         cmd += ["--tags", *tags]
     env = None
-    if queries:
-        import os
-
+    if queries:  # the Locust process reads it through Settings().load_queries
         env = {**os.environ, "PARASEEK_LOAD_QUERIES": str(queries)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=duration_s + 120)
     (out / "locust.log").write_text(proc.stdout + proc.stderr)

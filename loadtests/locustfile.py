@@ -10,15 +10,14 @@ paraphrases, used for consistency reports.
 
 from __future__ import annotations
 
-import os
 import random
 
 from locust import FastHttpUser, between, tag, task
 
+from core.settings import Settings
 from loadtests.queries import caption_groups
 
-
-GROUPS = caption_groups(os.environ.get("PARASEEK_LOAD_QUERIES"))
+GROUPS = caption_groups(Settings().load_queries)
 POPULAR = [g[0] for g in GROUPS[:20]]  # a few queries many users repeat: cache hits
 
 

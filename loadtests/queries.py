@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from paraseek.evaluation.data import read_caption_groups
+from core.demo import CAPTIONS_FILE
+from evaluation.data import read_caption_groups
 
 
 def caption_groups(tsv: str | Path | None = None, min_size: int = 2) -> list[list[str]]:
     """Caption groups from a TSV with image_id/caption columns, else from the demo gallery's captions."""
     if tsv and Path(tsv).is_file():
         return read_caption_groups(tsv, min_size)
-    from paraseek.demo import CAPTIONS_FILE
-
     groups: dict[str, list[str]] = {}
     for a in json.loads(CAPTIONS_FILE.read_text())["annotations"]:
         groups.setdefault(str(a["image_id"]), []).append(a["caption"].strip())

@@ -1,8 +1,11 @@
 """paraseek: text-to-image search whose answers stay the same when a user rephrases the query.
 
-The core package holds what every part shares and what serving needs without torch: the model
-bundle format (``paraseek.bundle``), the encoder runtime (``paraseek.encoder``), rank metrics
-(``paraseek.metrics``), the demo gallery and the ``paraseek`` CLI.
+This package is the top floor: the ``paraseek`` command line (``paraseek.cli``), which assembles the
+commands of the layers below it. The layers, from the ground up: ``core`` (bundle format, encoder
+runtime, tokenizer, settings), ``paraphrase`` (paraphrase sources), ``index`` (FAISS snapshots),
+``evaluation`` (metrics harness), ``service`` (HTTP) and ``training`` (torch), ``loadtests``.
 """
 
-__version__ = "0.1.0"
+from core import __version__
+
+__all__ = ["__version__"]

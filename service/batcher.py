@@ -58,6 +58,7 @@ class MicroBatcher:
         return await fut
 
     async def _run(self) -> None:
+        assert self._queue is not None  # start() made it
         while True:
             first = await self._queue.get()
             items = [first]

@@ -35,7 +35,7 @@ class Cache:
         self.retry_after_s = retry_after_s
         self._down_until = 0.0
         self._redis = None
-        self._lru = LRUCache(maxsize=max(lru_size, 1)) if lru_size else None
+        self._lru: LRUCache[str, bytes] | None = LRUCache(maxsize=max(lru_size, 1)) if lru_size else None
         if redis_url:
             import redis.asyncio as redis
 
@@ -57,7 +57,8 @@ class Cache:
             if not self._redis_usable():
                 return [None] * len(keys)
             try:
-                return await self._redis.mget(keys)
+                # no decode_responses: Redis returns bytes
+                return list(await self._redis.mget(keys))  # type: ignore[arg-type]
             except Exception as exc:  # redis.RedisError, timeouts, OSError: degrade, never 5xx
                 self._redis_failed(exc)
                 return [None] * len(keys)

@@ -11,13 +11,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index.snapshot import Snapshot, SnapshotError
-from paraseek.encoder import Encoder, l2_normalize
-from paraseek.metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase import ParaphraseSource, SourceUnavailable
+from core.encoder import Encoder, l2_normalize
+from core.errors import UserError
+from core.rank_metrics import average_overlap, jaccard_at_k
+from core.settings import Settings
+from index.snapshot import Snapshot, SnapshotError, current_version
+from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
+from paraphrase.factory import make_source
+from paraphrase.llm import LLMError
 from service.batcher import MicroBatcher
 from service.cache import Cache, params_key
-from service.metrics import ServiceMetrics
+from service.prometheus import ServiceMetrics
 from service.schemas import (
     ConsistencyReport,
     ParaphraseReport,
@@ -26,13 +30,12 @@ from service.schemas import (
     SearchResponse,
     Timings,
 )
-from service.settings import Settings
 
 log = logging.getLogger(__name__)
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
 
 
-class RequestError(ValueError):
+class RequestError(UserError):
     """A well-formed request that cannot be answered as asked (-> 4xx naming ``field``)."""
 
     def __init__(self, field: str, message: str, status: int = 422):
@@ -55,11 +58,56 @@ class Active:
         return f"{e.name}:{e.version}:{e.precision}"
 
 
+def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:
+    """Every encoder the service runs (startup, reload, reindex) is built here from the settings."""
+    return Encoder(bundle, precision=precision or settings.precision, threads=settings.encoder_threads,
+                   spin=settings.encoder_spin)
+
+
+def load_snapshot(path, encoder: Encoder, settings: Settings) -> Snapshot:
+    return Snapshot.load(path, image_space=encoder.image_space, threads=settings.faiss_threads)
+
+
 def load_active(bundle, snapshot, settings: Settings, precision: str | None = None) -> Active:
-    encoder = Encoder(bundle, precision=precision or settings.precision, threads=settings.encoder_threads,
-                      spin=settings.encoder_spin)
-    snap = Snapshot.load(snapshot, image_space=encoder.image_space, threads=settings.faiss_threads)
-    return Active(encoder, snap)
+    encoder = load_encoder(bundle, settings, precision)
+    return Active(encoder, load_snapshot(snapshot, encoder, settings))
+
+
+@dataclass
+class SearchTexts:
+    """Every text of one request, in the order they are embedded together."""
+
+    query: str | None
+    expansions: list[str]
+    paraphrases: list[str]
+    terms: list[str]
+
+    def all(self) -> list[str]:
+        return ([self.query] if self.query is not None else []) + self.expansions + self.paraphrases + self.terms
+
+
+@dataclass
+class SearchVectors:
+    query: np.ndarray | None
+    expansions: np.ndarray
+    paraphrases: np.ndarray
+    terms: np.ndarray
+
+    @classmethod
+    def split(cls, texts: SearchTexts, vectors: np.ndarray) -> SearchVectors:
+        q = 1 if texts.query is not None else 0
+        e, p = q + len(texts.expansions), q + len(texts.expansions) + len(texts.paraphrases)
+        return cls(vectors[0] if q else None, vectors[q:e], vectors[e:p], vectors[p:])
+
+
+@dataclass
+class SearchRows:
+    """The vectors searched in one index call and where each part of the request sits among them."""
+
+    matrix: np.ndarray
+    fused: int  # rows [0, fused) are fused into the result list (1 unless rrf)
+    plain_query: int  # the plain query's row (consistency compares it with the paraphrases)
+    paraphrases: int  # first paraphrase row
 
 
 class SearchEngine:
@@ -84,7 +132,7 @@ class SearchEngine:
     async def start(self) -> None:
         await self.batcher.start()
         try:
-            self.swap(load_active(self.settings.bundle, self.settings.snapshot, self.settings))
+            self.swap(load_active(self.settings.bundle_dir, self.settings.snapshot_root, self.settings))
         except Exception as exc:  # serve /healthz and report not ready, rather than crash-looping
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("model or index not loaded: %s", self.load_error)
@@ -95,7 +143,7 @@ class SearchEngine:
 
     def _preload_wordnet(self) -> None:
         try:
-            self.source("wordnet", "expansion.method")
+            self.paraphrase_source("wordnet", "expansion.method")
         except RequestError:
             pass  # not installed: requests that ask for it get a 400
 
@@ -107,25 +155,22 @@ class SearchEngine:
 
     async def _watch_snapshot(self) -> None:
         """Follow the snapshot root's ``current`` pointer (another replica's reindex, or a CLI build)."""
-        from index.snapshot import current_version
-
+        root = self.settings.snapshot_root
         while True:
             await asyncio.sleep(self.settings.snapshot_poll_s)
             try:
-                version = current_version(self.settings.snapshot)
+                version = current_version(root)
                 active = self.active
                 if version and (active is None or version != active.snapshot.version):
-                    encoder = active.encoder if active else None
-                    if encoder is None:
-                        new = await asyncio.to_thread(load_active, self.settings.bundle, self.settings.snapshot, self.settings)
+                    if active is None:
+                        new = await asyncio.to_thread(load_active, self.settings.bundle_dir, root, self.settings)
                     else:
-                        snap = await asyncio.to_thread(Snapshot.load, self.settings.snapshot,
-                                                       image_space=encoder.image_space, threads=self.settings.faiss_threads)
-                        new = Active(encoder, snap)
+                        snap = await asyncio.to_thread(load_snapshot, root, active.encoder, self.settings)
+                        new = Active(active.encoder, snap)
                     self.swap(new)
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have
-                log.warning("snapshot %s not loaded: %s", self.settings.snapshot, exc)
+                log.warning("snapshot %s not loaded: %s", root, exc)
 
     def swap(self, active: Active) -> None:
         self.active = active  # one reference assignment: atomic for concurrent requests
@@ -141,37 +186,19 @@ class SearchEngine:
             raise RequestError("service", f"not ready: {self.load_error or 'loading'}", status=503)
         return self.active
 
-    # -- sources -------------------------------------------------------------------------------
-    def source(self, method: str, field: str) -> ParaphraseSource:
+    # -- paraphrase sources ----------------------------------------------------------------------
+    def paraphrase_source(self, method: str, field: str) -> ParaphraseSource:
         with self._sources_lock:
             if method not in self._sources:
-                s = self.settings
                 try:
-                    if method == "wordnet":
-                        from paraseek.paraphrase.wordnet import WordNetSource
-
-                        self._sources[method] = WordNetSource()
-                    elif method == "ppdb":
-                        from paraseek.paraphrase.ppdb import PPDBSource
-
-                        self._sources[method] = PPDBSource(s.ppdb_path)
-                    else:
-                        from paraseek.paraphrase.llm import ChatClient, LLMSource, TwoStepGenerator
-
-                        client = ChatClient(
-                            s.llm_base_url, s.llm_model, s.llm_api_key.get_secret_value() if s.llm_api_key else None,
-                            timeout=s.llm_timeout_s, retries=s.llm_retries, cache_path=s.llm_cache,
-                        )
-                        self._sources[method] = LLMSource(client) if method == "llm" else TwoStepGenerator(client)
-                except SourceUnavailable as exc:
+                    self._sources[method] = make_source(method, self.settings)
+                except ParaphraseSourceUnavailable as exc:
                     raise RequestError(field, f"{method} is unavailable: {exc}", status=400) from exc
             return self._sources[method]
 
     async def paraphrases(self, text: str, method: str, n: int, field: str) -> list[str]:
         # loading a source reads files (WordNet takes seconds): never on the event loop
-        source = await asyncio.to_thread(self.source, method, field)
-        from paraseek.paraphrase.llm import LLMError
-
+        source = await asyncio.to_thread(self.paraphrase_source, method, field)
         try:
             # LLM calls block on the network: keep them off the event loop
             return await asyncio.to_thread(source.paraphrases, text, n)
@@ -215,118 +242,135 @@ class SearchEngine:
         )
 
     async def search(self, req: SearchRequest) -> dict:
-        """The response as a JSON-ready dict (the route returns it without re-validating it)."""
+        """The response as a JSON-ready dict (the route returns it without re-validating it).
+
+        Stages: texts (query, expansions, paraphrases, terms) -> one embedding call -> the vectors to
+        search -> one index call -> results fused into a list -> consistency report."""
         t0 = time.perf_counter()
         active = self.require_active()
-        snap = active.snapshot
-        if req.query is not None and len(req.query) > self.settings.max_query_chars:
-            raise RequestError("query", f"query is longer than {self.settings.max_query_chars} characters")
-        for i, term in enumerate(req.terms or []):
-            if len(term.text) > self.settings.max_query_chars:
-                raise RequestError(f"terms.{i}.text", f"term is longer than {self.settings.max_query_chars} characters")
-        key = params_key({"snapshot": snap.version, "model": active.model_id, "request": req.model_dump()})
+        self._check_lengths(req)
+        key = params_key({"snapshot": active.snapshot.version, "model": active.model_id, "request": req.model_dump()})
         hit = await self.cache.get_result(key)
         if hit is not None:  # stored exactly as served: patch the per-request fields only
             hit["cache"] = "hit"
             hit["timings"] = {"encode_ms": 0.0, "search_ms": 0.0, "total_ms": (time.perf_counter() - t0) * 1000}
             return hit
 
-        # 1. every text of the request, generated ones included, then one embedding call
-        expansions: list[str] = []
-        if req.expansion:
-            expansions = await self.paraphrases(req.query, req.expansion.method, req.expansion.n, "expansion.method")
-        paraphrases: list[str] = []
-        if req.consistency:
-            c = req.consistency
-            paraphrases = list(c.paraphrases) if c.paraphrases else await self.paraphrases(
-                req.query, c.method, c.auto, "consistency.method")
-            for i, p in enumerate(paraphrases):
-                if len(p) > self.settings.max_query_chars:
-                    raise RequestError(f"consistency.paraphrases.{i}", "paraphrase is too long")
-        texts = ([req.query] if req.query is not None else []) + expansions + paraphrases + [t.text for t in req.terms or []]
-        vectors, truncated = await self.embed(active, texts)
+        texts = await self._texts(req)
+        embedded, truncated = await self.embed(active, texts.all())
+        vectors = SearchVectors.split(texts, embedded)
         t_enc = time.perf_counter()
         self.metrics.stage.labels("encode").observe(t_enc - t0)
 
-        # 2. the query vector(s)
-        pos = 0
-        query_vec = vectors[pos] if req.query is not None else None
-        pos += 1 if req.query is not None else 0
-        exp_vecs = vectors[pos : pos + len(expansions)]
-        pos += len(expansions)
-        para_vecs = vectors[pos : pos + len(paraphrases)]
-        pos += len(paraphrases)
-        term_vecs = vectors[pos:]
-        rows: list[np.ndarray] = []
-        if req.terms:
-            combined = sum(t.weight * v for t, v in zip(req.terms, term_vecs))
-            if query_vec is not None:
-                combined = combined + query_vec
-            if np.linalg.norm(combined) < 1e-6:
-                raise RequestError("terms", "the weighted terms cancel out (zero vector)")
-            main = l2_normalize(combined)
-        elif expansions and req.expansion.fusion == "mean":
-            # Cheng et al. eq. 5: mean of the normalised embeddings of the query and its expansions
-            main = l2_normalize(np.mean(np.vstack([query_vec[None], exp_vecs]), axis=0))
-        else:
-            main = query_vec
-        rows.append(main)
-        rrf = bool(expansions) and req.expansion.fusion == "rrf" and not req.terms
-        if rrf:
-            rows.extend(exp_vecs)
-        n_before_para = len(rows)
-        plain_query_row = None
-        if paraphrases:
-            if main is not query_vec:
-                plain_query_row = len(rows)
-                rows.append(query_vec)  # consistency compares the plain query with its paraphrases
-            rows.extend(para_vecs)
+        rows = self._search_rows(req, vectors)
         k_search = max(req.k, req.consistency.k if req.consistency else 0)
-        scores, ids = snap.search_ids(np.vstack(rows), k_search)
+        scores, ids = active.snapshot.search_ids(rows.matrix, k_search)
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 
-        # 3. results
-        if rrf:
-            fused: dict[int, float] = {}
-            for row in ids[:n_before_para]:
-                for rank, i in enumerate(row[row >= 0]):
-                    fused[int(i)] = fused.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
-            ranked = sorted(fused.items(), key=lambda kv: -kv[1])[: req.k]
-            results = [self._result(snap, i, s, r + 1) for r, (i, s) in enumerate(ranked)]
-        else:
-            results = [self._result(snap, i, s, r + 1)
-                       for r, (s, i) in enumerate(zip(scores[0][: req.k], ids[0][: req.k])) if i >= 0]
-
-        report = None
-        if paraphrases:
-            kc = req.consistency.k
-            qrow = ids[plain_query_row if plain_query_row is not None else 0][:kc]
-            qlist = [int(i) for i in qrow if i >= 0]
-            reports = []
-            start = (plain_query_row + 1) if plain_query_row is not None else n_before_para
-            for text, row in zip(paraphrases, ids[start : start + len(paraphrases)]):
-                plist = [int(i) for i in row[:kc] if i >= 0]
-                reports.append(ParaphraseReport(text=text, ids=plist, ao=average_overlap(qlist, plist, kc),
-                                                js=jaccard_at_k(qlist, plist, kc)))
-            mean_ao = float(np.mean([r.ao for r in reports]))
-            report = ConsistencyReport(
-                k=kc, paraphrases=reports, mean_ao=mean_ao, mean_js=float(np.mean([r.js for r in reports])),
-                stable=mean_ao >= self.settings.consistency_threshold, threshold=self.settings.consistency_threshold,
-            )
-
-        total = (time.perf_counter() - t0) * 1000
+        results = self._fuse(active.snapshot, req.k, scores, ids, rows.fused)
+        report = self._consistency_report(req, texts.paraphrases, ids, rows) if texts.paraphrases else None
         response = SearchResponse(
             results=results, bundle=active.encoder.name, bundle_version=active.encoder.version,
-            snapshot_version=snap.version,
-            timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000, total_ms=total),
+            snapshot_version=active.snapshot.version,
+            timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000,
+                            total_ms=(time.perf_counter() - t0) * 1000),
             cache="miss" if self.cache.backend != "off" else "off",
             truncated=bool(truncated[0]) if req.query is not None else any(truncated),
-            expansions=expansions or None, consistency=report,
+            expansions=texts.expansions or None, consistency=report,
         )
         body = response.model_dump(mode="json", exclude_none=True)
         await self.cache.put_result(key, body)
         return body
+
+    def _check_lengths(self, req: SearchRequest) -> None:
+        limit = self.settings.max_query_chars
+        if req.query is not None and len(req.query) > limit:
+            raise RequestError("query", f"query is longer than {limit} characters")
+        for i, term in enumerate(req.terms or []):
+            if len(term.text) > limit:
+                raise RequestError(f"terms.{i}.text", f"term is longer than {limit} characters")
+
+    async def _texts(self, req: SearchRequest) -> SearchTexts:
+        """Stage 1: every text of the request, generated ones included."""
+        expansions: list[str] = []
+        if req.expansion:
+            assert req.query is not None  # the schema requires a query with expansion
+            expansions = await self.paraphrases(req.query, req.expansion.method, req.expansion.n, "expansion.method")
+        paraphrases: list[str] = []
+        if req.consistency:
+            c = req.consistency
+            if c.paraphrases:
+                paraphrases = list(c.paraphrases)
+            else:
+                assert req.query is not None and c.auto is not None
+                paraphrases = await self.paraphrases(req.query, c.method, c.auto, "consistency.method")
+            for i, p in enumerate(paraphrases):
+                if len(p) > self.settings.max_query_chars:
+                    raise RequestError(f"consistency.paraphrases.{i}", "paraphrase is too long")
+        return SearchTexts(req.query, expansions, paraphrases, [t.text for t in req.terms or []])
+
+    @staticmethod
+    def _search_rows(req: SearchRequest, v: SearchVectors) -> SearchRows:
+        """Stage 2: the vectors to search. Terms: their weighted sum (+ the query); expansion with
+        mean fusion: Cheng et al. eq. 5; rrf: the query and each expansion searched separately."""
+        if req.terms:
+            combined = sum((t.weight * vec for t, vec in zip(req.terms, v.terms)), np.zeros_like(v.terms[0]))
+            if v.query is not None:
+                combined = combined + v.query
+            if np.linalg.norm(combined) < 1e-6:
+                raise RequestError("terms", "the weighted terms cancel out (zero vector)")
+            main = l2_normalize(combined)
+        elif len(v.expansions) and req.expansion is not None and req.expansion.fusion == "mean":
+            assert v.query is not None
+            main = l2_normalize(np.mean(np.vstack([v.query[None], v.expansions]), axis=0))
+        else:
+            assert v.query is not None
+            main = v.query
+        rows = [main]
+        rrf = len(v.expansions) > 0 and req.expansion is not None and req.expansion.fusion == "rrf" and not req.terms
+        if rrf:
+            rows.extend(v.expansions)
+        fused = len(rows)
+        plain_query = 0
+        if len(v.paraphrases):
+            if main is not v.query:
+                assert v.query is not None
+                plain_query = len(rows)
+                rows.append(v.query)  # consistency compares the plain query with its paraphrases
+            first_paraphrase = len(rows)
+            rows.extend(v.paraphrases)
+        else:
+            first_paraphrase = len(rows)
+        return SearchRows(np.vstack(rows), fused, plain_query, first_paraphrase)
+
+    def _fuse(self, snap: Snapshot, k: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[Result]:
+        """Stage 3: the result list; several fused rows are combined by reciprocal rank."""
+        if fused > 1:
+            ranks: dict[int, float] = {}
+            for row in ids[:fused]:
+                for rank, i in enumerate(row[row >= 0]):
+                    ranks[int(i)] = ranks.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
+            ranked = sorted(ranks.items(), key=lambda kv: -kv[1])[:k]
+            return [self._result(snap, i, s, r + 1) for r, (i, s) in enumerate(ranked)]
+        return [self._result(snap, i, s, r + 1) for r, (s, i) in enumerate(zip(scores[0][:k], ids[0][:k])) if i >= 0]
+
+    def _consistency_report(self, req: SearchRequest, paraphrases: list[str], ids: np.ndarray,
+                            rows: SearchRows) -> ConsistencyReport:
+        """Stage 4: AO@k and JS@k of each paraphrase's list against the plain query's."""
+        assert req.consistency is not None
+        kc = req.consistency.k
+        qlist = [int(i) for i in ids[rows.plain_query][:kc] if i >= 0]
+        reports = []
+        for text, row in zip(paraphrases, ids[rows.paraphrases : rows.paraphrases + len(paraphrases)]):
+            plist = [int(i) for i in row[:kc] if i >= 0]
+            reports.append(ParaphraseReport(text=text, ids=plist, ao=average_overlap(qlist, plist, kc),
+                                            js=jaccard_at_k(qlist, plist, kc)))
+        mean_ao = float(np.mean([r.ao for r in reports]))
+        threshold = self.settings.consistency_threshold
+        return ConsistencyReport(k=kc, paraphrases=reports, mean_ao=mean_ao,
+                                 mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
+                                 threshold=threshold)
 
 
 def validate_snapshot(active: Active) -> None:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from pathlib import Path
 
 from index.builder import build_snapshot
 from index.faiss_index import IndexSpec
-from index.snapshot import Snapshot, activate_version
-from paraseek.encoder import Encoder
-from service.engine import Active, SearchEngine, validate_snapshot
+from index.snapshot import activate_version
+from service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
 from service.schemas import Job, ReindexRequest
 
 log = logging.getLogger(__name__)
@@ -55,26 +54,23 @@ class JobManager:
             settings = engine.settings
             current = engine.active
             if req.bundle:
-                encoder = Encoder(req.bundle, precision=settings.precision, threads=settings.encoder_threads)
+                encoder = load_encoder(req.bundle, settings)
             elif current is not None:
                 encoder = current.encoder
             else:
-                encoder = Encoder(settings.bundle, precision=settings.precision, threads=settings.encoder_threads)
+                encoder = load_encoder(settings.bundle_dir, settings)
             spec = IndexSpec.model_validate({"type": req.index_type, **req.index_params})
             result = build_snapshot(
-                req.source, encoder, settings.snapshot, spec=spec, image_root=req.images, progress=False,
+                req.source, encoder, settings.snapshot_root, spec=spec, image_root=req.images, progress=False,
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
                 activate=False,
             )
-            snapshot = Snapshot.load(result.version_dir, image_space=encoder.image_space, threads=settings.faiss_threads)
-            active = Active(encoder, snapshot)
+            active = Active(encoder, load_snapshot(result.version_dir, encoder, settings))
             validate_snapshot(active)
-            activate_version(Path(settings.snapshot), result.manifest.version)
+            activate_version(settings.snapshot_root, result.manifest.version)
             engine.swap(active)
             engine.metrics.reindex.labels("succeeded").inc()
             report = (result.version_dir / "report.json").read_text()
-            import json
-
             self._update(job_id, state="succeeded", finished_at=_now(), report=json.loads(report),
                          snapshot_version=result.manifest.version)
             log.info("reindex %s: now serving snapshot %s", job_id, result.manifest.version)

@@ -11,14 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from paraseek import __version__
-from paraseek.encoder import EmptyTextError
+from core import __version__
+from core.settings import Settings
+from core.tokenizer import EmptyTextError
 from service.engine import RequestError, SearchEngine
 from service.jobs import JobManager
 from service.logging_config import configure_logging, request_id
-from service.metrics import ServiceMetrics
+from service.prometheus import ServiceMetrics
 from service.routes import admin, images, info, search
-from service.settings import Settings
 
 log = logging.getLogger("paraseek.access")
 
@@ -37,20 +37,35 @@ class BodySizeLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._reject(send)
         seen = 0
+        too_large = False
+        rejected = False
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    too_large = True
                     raise _TooLarge()
             return message
 
+        async def guarded_send(message):
+            # FastAPI turns an exception while reading the body into its own 400; once the limit
+            # is crossed, whatever the app answers is replaced by the 413
+            nonlocal rejected
+            if too_large:
+                if not rejected:
+                    rejected = True
+                    await self._reject(send)
+                return
+            await send(message)
+
         try:
-            await self.app(scope, limited_receive, send)
+            await self.app(scope, limited_receive, guarded_send)
         except _TooLarge:
-            await self._reject(send)
+            if not rejected:
+                await self._reject(send)
 
     async def _reject(self, send):
         body = b'{"detail":[{"loc":["body"],"msg":"request body too large","type":"too_large"}]}'

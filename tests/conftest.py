@@ -38,7 +38,7 @@ def coco_val(shared_data):
 
 @pytest.fixture(scope="session")
 def starter_bundle(tmp_path_factory) -> Path:
-    from training.backend.starter import build_starter
+    from training.export.starter import build_starter
 
     out = tmp_path_factory.mktemp("bundles") / "starter"
     build_starter(out, int8=True)
@@ -47,7 +47,7 @@ def starter_bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def starter_encoder(starter_bundle):
-    from paraseek.encoder import Encoder
+    from core.encoder import Encoder
 
     return Encoder(starter_bundle)
 
@@ -55,10 +55,10 @@ def starter_encoder(starter_bundle):
 @pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory):
     """A tiny random-initialised open_clip model, saved as a checkpoint and exported from it."""
-    import training  # noqa: F401
+    import training.torch_env  # noqa: F401  (torchvision shim before open_clip)
     import torch
 
-    from training.backend.openclip import export_open_clip, load_open_clip
+    from training.export.openclip import export_open_clip, load_open_clip
 
     tmp = tmp_path_factory.mktemp("tiny-clip")
     torch.manual_seed(0)

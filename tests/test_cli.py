@@ -63,3 +63,49 @@ def test_bad_input_gives_message_and_exit_2(home, args, message):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
+
+
+def test_index_update_add_remove_retrain(home, shared_data, tmp_path):
+    out = tmp_path / "snap"
+    coco = shared_data / "coco-mini"
+    r = runner.invoke(app, ["index", "build", str(coco / "captions_train2017.json"), "--out", str(out), "--type", "ivf_flat"])
+    assert r.exit_code == 0, r.output
+    first = json.loads(runner.invoke(app, ["index", "info", str(out)]).output)
+    some_id = json.loads(runner.invoke(app, ["index", "search", "a dog", "--snapshot", str(out), "-k", "1", "--json"]).output)[0]["results"][0]["id"]
+    r = runner.invoke(app, ["index", "update", str(out), "--remove", str(some_id)])
+    assert r.exit_code == 0, r.output
+    removed = json.loads(runner.invoke(app, ["index", "info", str(out)]).output)
+    assert removed["count"] == first["count"] - 1 and removed["parent"] == first["version"]
+    assert removed["index"]["nlist"] == first["index"]["nlist"]  # quantiser kept
+    r = runner.invoke(app, ["index", "update", str(out), "--retrain"])
+    assert r.exit_code == 0, r.output
+    retrained = json.loads(runner.invoke(app, ["index", "info", str(out)]).output)
+    assert retrained["count"] == removed["count"] and retrained["parent"] == removed["version"]
+    assert retrained["recall_at_10"] is not None
+    report = json.loads((out / "versions" / retrained["version"] / "report.json").read_text())
+    assert report["retrained"] is True and report["index_rebuilt"] is True
+    r = runner.invoke(app, ["index", "update", str(out)])
+    assert r.exit_code == 2 and "nothing to do" in r.output
+
+
+def test_export_openclip_and_export_hf_from_the_cli(tiny_clip, tmp_path):
+    from core.encoder import Encoder
+    from tests.conftest import TINY_CLIP_CONFIG
+    from training.export.hf_text import minilm_dir
+
+    _, _, ckpt = tiny_clip
+    out = tmp_path / "clip"
+    r = runner.invoke(app, ["models", "export-openclip", "--model-config", str(TINY_CLIP_CONFIG), "--pretrained", str(ckpt),
+                            "--out", str(out), "--int8"])
+    assert r.exit_code == 0, r.output
+    assert "int8 text tower: cosine vs fp32 mean" in r.output
+    enc = Encoder(out, precision="int8")
+    assert enc.has_image_tower and enc.encode_text(["a red bus"]).shape == (1, enc.dim)
+
+    text = tmp_path / "minilm"
+    r = runner.invoke(app, ["models", "export-hf", str(minilm_dir()), "--out", str(text), "--image-space", "text/test"])
+    assert r.exit_code == 0, r.output
+    enc = Encoder(text)
+    assert enc.image_space == "text/test" and not enc.has_image_tower and enc.dim == 384
+    r = runner.invoke(app, ["models", "export-openclip", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "model name or --model-config" in r.output

@@ -1,7 +1,7 @@
-"""paraseek training: torch-side code (fine-tuning recipes, exporters to model bundles).
+"""paraseek training: the torch side (fine-tuning recipes, the trainer, exporters to model bundles).
 
-Importing any part of this package first prepares torch/torchvision (see ``training.torch_env``).
-Nothing on the serving path (``paraseek``, ``index``, ``service``) imports this package.
+Importing this package imports no torch: ``training.cli`` defines the ``models`` and ``train``
+commands and imports torch-side modules only inside the commands that need them. Every module that
+imports torch imports ``training.torch_env`` first (the one torchvision workaround). Nothing on the
+serving path (``core``, ``index``, ``service``) imports this package.
 """
-
-from training import torch_env as _torch_env  # noqa: F401  (side effect: torchvision shim)

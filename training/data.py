@@ -1,4 +1,4 @@
-"""Training data: images embedded once by the frozen image tower (the index code), their caption sets
+"""Training data: images embedded once by the frozen image tower (cached as plain arrays), their caption sets
 (COCO's ~5 captions per photo are human paraphrases), and generated paraphrases x', x''.
 
 Batches are a pure function of (seed, step), so a resumed run sees exactly the batches it would have
@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from index.builder import build_snapshot
-from index.snapshot import Snapshot, current_version
-from paraseek.encoder import Encoder
-from paraseek.paraphrase import ParaphraseSource
+from core.errors import UserError
+from core.encoder import Encoder
+from core.settings import Settings
+from evaluation.data import read_caption_groups
+from index.builder import embed_records
+from index.image_sources import open_source
+from paraphrase import ParaphraseSource
+from paraphrase.factory import make_source
 from training.recipe import DataSpec, ParaphraseSpec
 
 log = logging.getLogger(__name__)
@@ -44,41 +47,44 @@ class Batch:
     rows: np.ndarray
 
 
-def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> Snapshot:
-    """Image embeddings by the frozen tower, computed once and kept in the run directory (a snapshot)."""
-    root = run_dir / "image-embeddings"
-    if current_version(root) is None:
-        build_snapshot(data.captions, image_encoder, root, image_root=data.images, progress=True)
-    snap = Snapshot.load(root, image_space=image_encoder.image_space)
-    return snap
+@dataclass
+class ImageEmbeddings:
+    ids: np.ndarray  # (N,) image ids
+    vectors: np.ndarray  # (N, D) frozen image-tower embeddings
+    captions: list[list[str]]  # per image
 
 
-def paraphrase_source(method: str, spec: ParaphraseSpec, second_step: bool) -> ParaphraseSource:
-    if method == "wordnet":
-        from paraseek.paraphrase.wordnet import WordNetSource
-
-        return WordNetSource()
-    if method == "ppdb":
-        from paraseek.paraphrase.ppdb import PPDBSource
-
-        return PPDBSource(spec.ppdb or os.environ.get("PARASEEK_PPDB_PATH"))
-    from paraseek.paraphrase.llm import ChatClient, LLMSource, PROMPT_AVOID_WORDS
-
-    client = ChatClient(os.environ.get("PARASEEK_LLM_BASE_URL"), os.environ.get("PARASEEK_LLM_MODEL"),
-                        os.environ.get("PARASEEK_LLM_API_KEY"), cache_path=os.environ.get("PARASEEK_LLM_CACHE"))
-    if not second_step:
-        return LLMSource(client)
-
-    class AvoidWords:  # ParaCLIP's second prompt
-        name = "llm-avoid-words"
-
-        def paraphrases(self, text, n):
-            return [client.complete(PROMPT_AVOID_WORDS.format(text=text))]
-
-    return AvoidWords()
+def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> ImageEmbeddings:
+    """Image embeddings by the frozen tower, computed once per run directory and kept as arrays
+    (``image-embeddings.npz`` + captions JSON): training needs the vectors, not a search index."""
+    cache = run_dir / "image-embeddings.npz"
+    meta = run_dir / "image-embeddings.json"
+    if cache.is_file() and meta.is_file():
+        info = json.loads(meta.read_text())
+        if info.get("image_space") == image_encoder.image_space:
+            arrays = np.load(cache)
+            return ImageEmbeddings(arrays["ids"], arrays["vectors"], info["captions"])
+    source = open_source(data.captions, data.images)
+    vectors, kept, _, skipped = embed_records(image_encoder, source.root, source.records)
+    for item in skipped:
+        log.warning("training image skipped: %s", item)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ids = np.array([r.id for r in kept], np.int64)
+    np.savez(cache, ids=ids, vectors=vectors.astype(np.float32))
+    meta.write_text(json.dumps({"image_space": image_encoder.image_space,
+                                "captions": [r.captions for r in kept], "skipped": skipped}))
+    return ImageEmbeddings(ids, vectors, [r.captions for r in kept])
 
 
-def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path) -> dict[str, tuple[str | None, str]]:
+def paraphrase_source(method: str, spec: ParaphraseSpec, second_step: bool, settings: Settings) -> ParaphraseSource:
+    """x' (first step) or x'' (second step: ParaCLIP's "avoiding existing words" prompt for llm)."""
+    if method == "llm" and second_step:
+        method = "llm-avoid-words"
+    return make_source(method, settings, ppdb_path=spec.ppdb)
+
+
+def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path,
+                         settings: Settings | None = None) -> dict[str, tuple[str | None, str]]:
     """ParaCLIP's two-step generation: x' (unless human paraphrases are used) and x'' of every caption,
     appended to a JSONL file line by line; a rerun resumes after the last line written."""
     done: dict[str, tuple[str | None, str]] = {}
@@ -93,8 +99,9 @@ def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path) -
     todo = [c for c in dict.fromkeys(captions) if c not in done]
     if not todo:
         return done
-    first = None if spec.x1 == "human" else paraphrase_source(spec.x1, spec, second_step=False)
-    second = None if spec.x2 == "human" else paraphrase_source(spec.x2, spec, second_step=True)
+    settings = settings or Settings()
+    first = None if spec.x1 == "human" else paraphrase_source(spec.x1, spec, False, settings)
+    second = None if spec.x2 == "human" else paraphrase_source(spec.x2, spec, True, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "a") as f:
         for caption in tqdm(todo, desc="paraphrases", unit="caption"):
@@ -108,20 +115,16 @@ def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path) -
 
 
 def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> TrainingData:
-    snap = embed_images(data, image_encoder, run_dir)
-    ids = snap.ids.copy()
-    vectors = np.asarray(snap.vectors(), np.float32)
+    images = embed_images(data, image_encoder, run_dir)
+    ids, vectors, captions = images.ids, np.asarray(images.vectors, np.float32), images.captions
     if data.max_images:
-        ids, vectors = ids[: data.max_images], vectors[: data.max_images]
-    captions = [snap.metadata[int(i)].get("captions", []) for i in ids]
+        ids, vectors, captions = ids[: data.max_images], vectors[: data.max_images], captions[: data.max_images]
     keep = [i for i, c in enumerate(captions) if len(c) >= 2]
     if len(keep) < 2:
-        raise ValueError(f"data.captions: need at least 2 images with 2+ captions, found {len(keep)}")
+        raise UserError(f"data.captions: need at least 2 images with 2+ captions, found {len(keep)}")
     ids, vectors, captions = ids[keep], vectors[keep], [captions[i] for i in keep]
     text_groups = None
     if data.text_captions:
-        from paraseek.evaluation.data import read_caption_groups
-
         text_groups = read_caption_groups(data.text_captions)
     dataset = Path(data.paraphrases.dataset) if data.paraphrases.dataset else run_dir / "paraphrases.jsonl"
     every_caption = [c for group in captions + (text_groups or []) for c in group]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,7 +60,7 @@ def paraclip_loss(
         parts["l3"] = info_nce(x1, x2, temperature)
     if not parts:
         raise ValueError("every ParaCLIP term is switched off")
-    total = sum(parts.values())
+    total = torch.stack(list(parts.values())).sum()
     return total, {k: float(v.detach()) for k, v in parts.items()}
 
 

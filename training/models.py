@@ -14,12 +14,14 @@ import copy
 import shutil
 from pathlib import Path
 
-import training  # noqa: F401  (torchvision shim)
+import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 from torch import nn
 
-from paraseek.bundle import BundleManifest, read_manifest, write_manifest
-from training.backend.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, mean_pool
+from core.bundle import BundleManifest, read_manifest
+from core.tokenizer import load_tokenizer
+from training.export.manifest import IMAGE_FILE
+from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, mean_pool
 
 
 class TextTower(nn.Module):
@@ -42,25 +44,12 @@ class TextTower(nn.Module):
 
 class _HFTokenizer:
     def __init__(self, tokenizer_file: Path, max_tokens: int):
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_file(str(tokenizer_file))
-        self.tok.enable_padding(pad_id=0)
-        self.tok.enable_truncation(max_tokens)
+        self.tok = load_tokenizer(tokenizer_file, max_tokens, pad_id=0)
 
     def __call__(self, texts):
         enc = self.tok.encode_batch(list(texts))
         return {"input_ids": torch.tensor([e.ids for e in enc]),
                 "attention_mask": torch.tensor([e.attention_mask for e in enc])}
-
-
-def _copy_image_tower(base_bundle: Path, out_dir: Path, manifest: BundleManifest) -> BundleManifest:
-    """A text tower tuned against a frozen image tower ships with that same image tower."""
-    base = read_manifest(base_bundle)
-    if base.image is None:
-        return manifest
-    shutil.copyfile(base_bundle / base.image.file, out_dir / base.image.file)
-    return write_manifest(out_dir, manifest.model_copy(update={"image": base.image, "image_preprocess": base.image_preprocess}))
 
 
 class OpenClipText(TextTower):
@@ -69,10 +58,11 @@ class OpenClipText(TextTower):
         super().__init__()
         import open_clip
 
-        from training.backend.openclip import ClipTextTower, load_open_clip, open_clip_image_space
+        # open_clip, lazily: a heavy optional dependency only open_clip towers need
+        from training.export.openclip import ClipTextTower, load_open_clip, open_clip_image_space
 
         self.model, cfg = load_open_clip(model_name, pretrained, model_config)
-        self.model_name = model_name or Path(model_config).stem
+        self.model_name = model_name or Path(model_config or "open_clip").stem
         self.image_space = open_clip_image_space(self.model_name, pretrained)
         self.context_length = cfg.get("text_cfg", {}).get("context_length", 77)
         for p in self.model.parameters():
@@ -81,7 +71,7 @@ class OpenClipText(TextTower):
         for p in self.tower.parameters():
             p.requires_grad_(True)
         if train_layers is not None:  # train only the last n residual blocks (+ final LN and projection)
-            blocks = list(self.tower.transformer.resblocks)
+            blocks: list[nn.Module] = list(self.tower.transformer.resblocks)  # type: ignore[arg-type]
             for block in blocks[: len(blocks) - train_layers]:
                 for p in block.parameters():
                     p.requires_grad_(False)
@@ -98,7 +88,7 @@ class OpenClipText(TextTower):
         return self.tower(input_ids)
 
     def export(self, out_dir, *, name, version, source):
-        from training.backend.openclip import export_open_clip_model
+        from training.export.openclip import export_open_clip_model
 
         pp = getattr(self.model.visual, "preprocess_cfg", None) or {}
         size = self.model.visual.image_size
@@ -143,9 +133,17 @@ class _HFTextTower(TextTower):
         return self.encoder(input_ids, attention_mask)
 
     def export(self, out_dir, *, name, version, source):
-        m = export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
-                                version=version, image_space=self.image_space, max_tokens=self.max_tokens, source=source)
-        return _copy_image_tower(self.image_bundle, Path(out_dir), m) if self.image_bundle else m
+        # a text tower tuned against a frozen image tower ships with that same image tower
+        preprocess = None
+        if self.image_bundle:
+            base = read_manifest(self.image_bundle)
+            if base.image is not None:
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(self.image_bundle) / base.image.file, Path(out_dir) / IMAGE_FILE)
+                preprocess = base.image_preprocess
+        return export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
+                                   version=version, image_space=self.image_space, max_tokens=self.max_tokens,
+                                   source=source, image_preprocess=preprocess)
 
 
 class AlignmentText(_HFTextTower):
@@ -154,7 +152,7 @@ class AlignmentText(_HFTextTower):
         hf, model_dir = load_hf_encoder(encoder_dir)
         for p in hf.parameters():
             p.requires_grad_(False)
-        width = hf.config.hidden_size
+        width = int(hf.config.hidden_size)  # type: ignore[arg-type]
         heads = heads if width % heads == 0 else 1
         super().__init__(SentenceEncoder(hf, head=AlignmentHead(width, out_dim, layers, heads)), model_dir,
                          image_space, image_bundle)
@@ -172,7 +170,8 @@ class SentenceText(_HFTextTower):
         if train_layers is not None:
             for p in hf.parameters():
                 p.requires_grad_(False)
-            for layer in hf.encoder.layer[len(hf.encoder.layer) - train_layers:]:
+            layers: nn.ModuleList = hf.encoder.layer  # type: ignore[assignment]
+            for layer in layers[len(layers) - train_layers:]:
                 for p in layer.parameters():
                     p.requires_grad_(True)
         super().__init__(SentenceEncoder(hf), model_dir, image_space, image_bundle)

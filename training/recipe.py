@@ -4,14 +4,16 @@ naming the field (``recipe.train.lr: Input should be greater than 0``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from core.errors import UserError
 
-class RecipeError(ValueError):
-    pass
+
+class RecipeError(UserError):
+    """A recipe file or override is invalid; the message names the field."""
 
 
 class Strict(BaseModel):
@@ -114,7 +116,7 @@ def _set(data: dict, dotted: str, value: str) -> None:
     node[last] = yaml.safe_load(value)
 
 
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Read a YAML recipe; ``overrides`` are ``train.lr=1e-5`` style assignments."""
     path = Path(path)
     if not path.is_file():

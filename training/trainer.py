@@ -19,12 +19,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import training  # noqa: F401
+import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from paraseek.encoder import Encoder
+from core.errors import UserError
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from core.settings import Settings
+from training.export.hf_text import minilm_dir
+from training.export.starter import ensure_starter_bundle
 from training.data import difference_batch, load_training_data, sample_batch
 from training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
 from training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
@@ -42,32 +47,25 @@ def seed_everything(seed: int) -> None:
 
 def _resolve_image_bundle(spec: str) -> Path:
     if spec == "starter":
-        from paraseek.paths import default_bundle
-
-        path = default_bundle()
-        if not (path / "manifest.json").is_file():
-            from training.backend.starter import build_starter
-
-            build_starter(path)
-        return path
+        return ensure_starter_bundle(Settings().starter_bundle_dir)
     return Path(spec)
 
 
 def build_model(recipe: Recipe, run_dir: Path) -> tuple[TextTower, Encoder]:
     """The trainable tower and the frozen image encoder (an ONNX bundle) that embeds the images."""
-    from training.backend.hf_text import minilm_dir
-
     m = recipe.model
+    tower: TextTower
     if m.kind == "open_clip":
         tower = OpenClipText(m.name or "", m.pretrained, m.config, train_layers=m.train_layers)
         base = run_dir / "base-bundle"
         if not (base / "manifest.json").is_file():
             tower.export(base, name=f"{recipe.name}-base", version="0", source={"role": "frozen image tower"})
         return tower, Encoder(base)
+    assert m.image_bundle is not None  # the recipe schema requires it for these kinds
     image_bundle = _resolve_image_bundle(m.image_bundle)
     image_encoder = Encoder(image_bundle)
     if not image_encoder.has_image_tower:
-        raise ValueError(f"model.image_bundle: {image_bundle} has no image tower")
+        raise UserError(f"model.image_bundle: {image_bundle} has no image tower")
     encoder_dir = minilm_dir() if m.encoder == "minilm" else Path(m.encoder)
     if m.kind == "alignment":
         tower = AlignmentText(encoder_dir, image_encoder.image_space, image_encoder.dim, m.layers, m.heads, image_bundle)
@@ -115,12 +113,12 @@ class Trainer:
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         if self.data.vectors.shape[1] != self._probe_dim():
-            raise ValueError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
+            raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
         per_epoch = max(1, math.ceil(len(self.data.captions) / t.batch_size))
         self.total_steps = t.steps or max(1, math.ceil(per_epoch * t.epochs))
         params = [p for p in self.tower.parameters() if p.requires_grad] + list(
             p for p in self.temperature.parameters() if p.requires_grad)
-        self.model = self.tower
+        self.model: torch.nn.Module = self.tower
         if self.distributed:
             self.model = torch.nn.parallel.DistributedDataParallel(self.tower, device_ids=[self.device] if self.device.type == "cuda" else None)
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
@@ -139,7 +137,7 @@ class Trainer:
             return
         state = torch.load(path, map_location=self.device, weights_only=False)
         if state.get("recipe") != self.recipe.model_dump(mode="json"):
-            raise ValueError(f"{path} belongs to a different recipe: use another output directory")
+            raise UserError(f"{path} belongs to a different recipe: use another output directory")
         self.tower.load_state_dict(state["tower"], strict=False)
         self.temperature.load_state_dict(state["temperature"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -200,9 +198,9 @@ class Trainer:
         if o.anchor_weight > 0:
             with torch.no_grad():
                 ref = self.original.encode(anchor_texts)
-            a = anchor_loss(anchor_vecs, ref)
-            parts["anchor"] = float(a.detach())
-            loss = loss + o.anchor_weight * a
+            anchor_term = anchor_loss(anchor_vecs, ref)
+            parts["anchor"] = float(anchor_term.detach())
+            loss = loss + o.anchor_weight * anchor_term
         return loss, parts
 
     # -- loop --------------------------------------------------------------------------------
@@ -220,7 +218,7 @@ class Trainer:
                 started = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
-                parts = {}
+                parts: dict[str, float] = {}
                 for micro in range(t.grad_accum):
                     with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
                         loss, parts = self.loss(self.step * t.grad_accum + micro)
@@ -270,8 +268,6 @@ def _maybe_tensorrt(bundle: Path) -> None:
     trtexec = shutil.which("trtexec")
     if trtexec is None:
         return
-    from paraseek.bundle import read_manifest
-
     m = read_manifest(bundle)
     shapes = lambda b, n: ",".join(f"{name}:{b}x{n}" for name in m.text.input_names)  # noqa: E731
     result = subprocess.run([trtexec, f"--onnx={bundle / m.text.file}", f"--saveEngine={bundle / 'text.plan'}",

@@ -1,19 +1,21 @@
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from fastapi import APIRouter, Depends, HTTPException
 
+from core.bundle import BundleError
+from core.settings import Settings
 from service.deps import get_engine, get_jobs, get_settings, require_admin
-from service.engine import Active, RequestError, SearchEngine
+from service.engine import Active, RequestError, SearchEngine, load_encoder
 from service.jobs import JobManager
 from service.schemas import Job, ReindexRequest, ReloadRequest
-from service.settings import Settings
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
 
 def _allowed(path: str, field: str, settings: Settings) -> None:
-    from pathlib import Path
-
     if settings.reindex_root is not None:
         root = Path(settings.reindex_root).resolve()
         if not Path(path).resolve().is_relative_to(root):
@@ -44,15 +46,10 @@ async def job(job_id: str, jobs: JobManager = Depends(get_jobs)):
 @router.post("/reload")
 async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)):
     """Serve another bundle over the same snapshot (its image_space must match)."""
-    import asyncio
-
-    from paraseek.bundle import BundleError
-    from paraseek.encoder import Encoder
-
     _allowed(req.bundle, "bundle", settings)
     active = engine.require_active()
     try:
-        encoder = await asyncio.to_thread(Encoder, req.bundle, precision=req.precision, threads=settings.encoder_threads)
+        encoder = await asyncio.to_thread(load_encoder, req.bundle, settings, req.precision)
     except BundleError as exc:
         raise RequestError("bundle", str(exc)) from exc
     if encoder.image_space != active.snapshot.manifest.image_space:

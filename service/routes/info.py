@@ -34,8 +34,9 @@ async def healthz() -> dict:
 @router.get("/readyz")
 async def readyz(engine: SearchEngine = Depends(get_engine)):
     """Readiness: a model and an index are loaded."""
-    if engine.ready:
-        return {"status": "ready", "snapshot": engine.active.snapshot.version}
+    active = engine.active
+    if active is not None:
+        return {"status": "ready", "snapshot": active.snapshot.version}
     return JSONResponse({"status": "not ready", "error": engine.load_error}, status_code=503)
 
 

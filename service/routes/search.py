@@ -5,10 +5,10 @@ import asyncio
 import orjson
 from fastapi import APIRouter, Depends, Response
 
+from core.settings import Settings
 from service.deps import get_engine, get_settings
 from service.engine import RequestError, SearchEngine
 from service.schemas import BatchSearchRequest, BatchSearchResponse, SearchRequest, SearchResponse
-from service.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["search"])
 
@@ -28,7 +28,7 @@ async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine))
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True)
 async def search_batch(
     req: BatchSearchRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)
-) -> BatchSearchResponse:
+):
     """Many searches in one call; their texts share encoder batches."""
     if len(req.requests) > settings.max_batch_queries:
         raise RequestError("requests", f"at most {settings.max_batch_queries} requests per batch")

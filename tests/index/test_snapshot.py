@@ -9,8 +9,8 @@ import pytest
 from index.builder import BuildError, build_snapshot, update_snapshot
 from index.faiss_index import IndexSpec
 from index.snapshot import Snapshot, SnapshotError, current_version
-from index.sources import SourceError, open_source
-from paraseek.encoder import Encoder
+from index.image_sources import ImageSourceError, open_source
+from core.encoder import Encoder
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +92,9 @@ def test_bad_files_are_skipped_and_reported(starter_encoder, shared_data, tmp_pa
 
 def test_empty_and_undecodable_sources(starter_encoder, tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match="contains no images"):
+    with pytest.raises(ImageSourceError, match="contains no images"):
         build_snapshot(tmp_path / "empty", starter_encoder, tmp_path / "s", progress=False)
-    with pytest.raises(SourceError, match="does not exist"):
+    with pytest.raises(ImageSourceError, match="does not exist"):
         open_source(tmp_path / "nope")
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "a.jpg").write_text("x")

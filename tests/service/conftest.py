@@ -19,22 +19,16 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from index.builder import build_snapshot
-from paraseek.demo import CAPTIONS_FILE, GALLERY_DIR
+from core.net import free_port
+from index.demo import build_demo_snapshot
 
 ADMIN_TOKEN = "s3cret-admin-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
 def demo_snapshot(starter_encoder, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("demo-snap")
-    build_snapshot(CAPTIONS_FILE, starter_encoder, root, image_root=GALLERY_DIR, progress=False)
+    build_demo_snapshot(starter_encoder, root, progress=False)
     return root
 
 
@@ -48,7 +42,7 @@ def snapshot_copy(demo_snapshot, tmp_path) -> Path:
 
 @pytest.fixture()
 def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path):
-    from service.settings import Settings
+    from core.settings import Settings
 
     os.environ.setdefault("NLTK_DATA", str(shared_data / "nltk_data"))
 

@@ -95,3 +95,34 @@ def test_replica_follows_current_written_elsewhere(make_settings, snapshot_copy,
         after = c.get("/v1/info").json()["snapshot"]
         assert after["version"] == result.manifest.version and after["count"] == 159
         assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == after["version"]
+
+
+def test_finished_jobs_are_evicted_oldest_first(make_settings, snapshot_copy):
+    """Past ``max_jobs`` records, the oldest finished jobs are forgotten; the newest stay readable."""
+    from service.jobs import JobManager
+    from service.schemas import ReindexRequest
+
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
+        jobs = JobManager(c.app.state.engine, max_jobs=4)
+        ids = []
+        for i in range(6):  # each fails fast: the source does not exist
+            job = jobs.submit_reindex(ReindexRequest(source=f"/nonexistent/{i}"))
+            ids.append(job.id)
+            deadline = time.time() + 30
+            while jobs.get(job.id).state not in ("failed", "succeeded") and time.time() < deadline:
+                time.sleep(0.02)
+            assert jobs.get(job.id).state == "failed" and "does not exist" in jobs.get(job.id).error
+        jobs.shutdown()
+        assert len(jobs.jobs) <= 4
+        assert jobs.get(ids[0]) is None and jobs.get(ids[-1]) is not None  # oldest gone, newest kept
+        assert list(jobs.jobs) == [i for i in ids if i in jobs.jobs]  # the survivors are the most recent
+
+
+def test_reload_builds_its_encoder_from_the_same_settings(make_settings, starter_bundle):
+    with TestClient(create_app(make_settings(encoder_spin=True, encoder_threads=1))) as c:
+        engine = c.app.state.engine
+        assert engine.active.encoder.spin is True and engine.active.encoder.threads == 1
+        r = c.post("/v1/admin/reload", json={"bundle": str(starter_bundle), "precision": "int8"}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        enc = engine.active.encoder
+        assert enc.precision == "int8" and enc.spin is True and enc.threads == 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from index.snapshot import Snapshot
-from paraseek.encoder import Encoder, l2_normalize
+from core.encoder import Encoder, l2_normalize
 
 
 @pytest.fixture()
@@ -85,11 +85,21 @@ def test_expansion_is_mean_of_normalised_embeddings(client, direct):
     assert [x["score"] for x in body["results"]] == pytest.approx(scores[0].tolist(), abs=1e-5)
 
 
-def test_expansion_rrf(client):
+def test_expansion_rrf(client, direct):
     r = client.post("/v1/search", json={"query": "a red bus", "k": 5, "expansion": {"method": "wordnet", "n": 2, "fusion": "rrf"}})
     assert r.status_code == 200
-    scores = [x["score"] for x in r.json()["results"]]
-    assert scores == sorted(scores, reverse=True) and max(scores) <= 3 / 61 + 1e-9
+    body = r.json()
+    # reciprocal-rank fusion computed by hand from the query's and each expansion's own top lists
+    enc, snap = direct
+    k_search = 5
+    _, ids = snap.search_ids(enc.encode_text(["a red bus", *body["expansions"]]), k_search)
+    fused: dict[int, float] = {}
+    for row in ids:
+        for rank, i in enumerate(row.tolist()):
+            fused[i] = fused.get(i, 0.0) + 1 / (60 + rank + 1)
+    expected = sorted(fused.items(), key=lambda kv: -kv[1])[:5]
+    assert [x["id"] for x in body["results"]] == [i for i, _ in expected]
+    assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in expected])
 
 
 def test_ppdb_expansion(make_settings, shared_data):
@@ -234,7 +244,7 @@ def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
 
 
 def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
-    from paraseek.paraphrase.wordnet import WordNetSource
+    from paraphrase.wordnet import WordNetSource
 
     def broken(self, text, n):
         raise OSError("corpus file unreadable")
@@ -243,3 +253,22 @@ def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
     r = client.post("/v1/search", json={"query": "a dog", "expansion": {"method": "wordnet", "n": 2}})
     assert r.status_code == 502
     assert r.json()["detail"][0]["loc"] == ["body", "expansion", "method"] and "corpus file" in r.text
+
+
+def test_streamed_body_over_the_limit_is_413(make_settings):
+    """A chunked body (no Content-Length) is counted as it arrives and cut off at the limit."""
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    def chunks():
+        yield b'{"query": "'
+        for _ in range(64):
+            yield b"a" * 1024
+        yield b'"}'
+
+    with TestClient(create_app(make_settings(max_body_bytes=16 * 1024))) as c:
+        r = c.post("/v1/search", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["detail"][0]["loc"] == ["body"]
+        small = c.post("/v1/search", content=iter([b'{"query": "a dog"}']), headers={"content-type": "application/json"})
+        assert small.status_code == 200

@@ -4,10 +4,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from paraseek.bundle import read_manifest
-from paraseek.encoder import Encoder
-from training.backend.hf_text import SentenceEncoder, export_hf_text, load_hf_encoder, mean_pool, minilm_dir
-from training.backend.onnx_export import max_abs_diff
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from training.export.hf_text import SentenceEncoder, export_hf_text, load_hf_encoder, mean_pool, minilm_dir
+from training.export.onnx_export import max_abs_diff
 
 TEXTS = ["a dog on a beach", "people riding bicycles", "x"]
 

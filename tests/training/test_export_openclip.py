@@ -4,13 +4,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-import training  # noqa: F401
+import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import open_clip
 
-from paraseek.bundle import read_manifest
-from paraseek.encoder import Encoder
-from training.backend.openclip import ClipTextTower
-from training.backend.onnx_export import max_abs_diff
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from core.integrity import sha256_file
+from training.export.openclip import ClipTextTower, open_clip_image_space
+from training.export.onnx_export import max_abs_diff
 
 TEXTS = ["a dog on a beach", "two people riding bicycles down a busy city street at night", "cat",
          "A kitchen with a stove, a sink and lots of pots hanging on the wall above the counter."]
@@ -63,4 +64,10 @@ def test_checkpoint_changes_image_space_id(tiny_clip):
     bundle, _, ckpt = tiny_clip
     m = read_manifest(bundle)
     assert m.source["pretrained"] == str(ckpt)
+    # the image space names the checkpoint's content: another checkpoint would be another space
+    assert m.image_space == f"open_clip/tiny-clip/ckpt-{sha256_file(ckpt)[:16]}"
+    other = ckpt.with_name("other.pt")
+    other.write_bytes(ckpt.read_bytes() + b"\0")
+    assert open_clip_image_space("tiny-clip", str(other)) != m.image_space
+    assert open_clip_image_space("tiny-clip", None) == "open_clip/tiny-clip/random-init"
     assert m.tokenizer.cleaning == "clip" and m.text.input_names == ["input_ids"]

@@ -5,11 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-from paraseek.bundle import read_manifest
-from paraseek.encoder import Encoder
-from paraseek.metrics import retrieval_recall
-from training.backend.onnx_export import max_abs_diff
-from training.backend.starter import IMAGE_SPACE, build_starter_modules, imagenet_class_names
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from core.rank_metrics import retrieval_recall
+from training.export.onnx_export import max_abs_diff
+from training.export.starter import IMAGE_SPACE, build_starter_modules, imagenet_class_names
 
 TEXTS = ["a dog on a beach", "A man is in a kitchen making pizzas.", "two giraffes standing next to a tree"]
 

@@ -40,7 +40,7 @@ TINY_OPEN_CLIP = ["model.name=tiny-clip", f"model.config={TINY_CLIP_CONFIG}", "m
     ("paraclip-vitb32", TINY_OPEN_CLIP),
 ])
 def test_every_recipe_runs_and_exports_a_bundle(name, extra, shared_data, starter_bundle, tmp_path):
-    from paraseek.encoder import Encoder
+    from core.encoder import Encoder
 
     result = train(tiny(name, shared_data, starter_bundle, *extra), tmp_path / "run", progress=False)
     assert result.steps == 2 and np.isfinite(result.last_loss)
@@ -121,10 +121,17 @@ def test_trained_bundle_serves(shared_data, starter_bundle, tmp_path):
     from fastapi.testclient import TestClient
 
     from service.main import create_app
-    from service.settings import Settings
+    from core.settings import Settings
+
+    from core.encoder import Encoder
+    from index.builder import build_snapshot
 
     result = train(tiny("paraclip-starter-cpu", shared_data, starter_bundle), tmp_path / "run", progress=False)
-    snapshot = tmp_path / "run" / "image-embeddings"  # built by the frozen image tower: same image_space
+    # training cached plain image embeddings, not an index
+    assert (tmp_path / "run" / "image-embeddings.npz").is_file() and not (tmp_path / "run" / "image-embeddings").exists()
+    # a snapshot built with the starter's image tower serves the tuned text tower (same image_space)
+    snapshot = tmp_path / "snap"
+    build_snapshot(shared_data / "coco-mini/captions_train2017.json", Encoder(starter_bundle), snapshot, progress=False)
     with TestClient(create_app(Settings(bundle=result.bundle, snapshot=snapshot, log_json=False))) as c:
         r = c.post("/v1/search", json={"query": "a living room", "k": 3})
         assert r.status_code == 200 and r.json()["bundle"] == "paraclip-starter-cpu"

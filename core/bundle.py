@@ -1,0 +1,150 @@
+"""The model bundle format: the one description of an encoder that training, index and service share.
+
+A bundle is a directory::
+
+    manifest.json      what this module reads and writes (``BundleManifest``)
+    text.onnx          text tower: (input_ids[, attention_mask]) -> embeddings, dynamic batch and length
+    text.int8.onnx     optional dynamically quantised text tower
+    image.onnx         optional image tower: pixel_values (B, 3, H, W) float32 -> embeddings
+    tokenizer.json     a Hugging Face ``tokenizers`` file (no torch needed to tokenise)
+
+Every file is listed in the manifest with its sha256, so a missing or altered file is caught at load
+time with an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from core.errors import UserError
+from core.integrity import checksums, verify_checksums
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class BundleError(UserError):
+    """A bundle cannot be used: missing, altered or malformed files."""
+
+
+class TokenizerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = "tokenizer.json"
+    # "clip": open_clip's text cleaning (ftfy, html unescape, whitespace, lowercase) runs before the
+    # tokenizer file, so ids match open_clip's own tokenizer. "none": the tokenizer file does it all.
+    cleaning: Literal["clip", "none"] = "none"
+    pad_id: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired_fields(cls, data):
+        # bundles written before 0.2 carry `uses_attention_mask`, which nothing read (the text
+        # tower's input_names say whether it takes a mask): accept and ignore it
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != "uses_attention_mask"}
+        return data
+
+
+class ImagePreprocess(BaseModel):
+    """How pixels become the image tower's input (resize shortest side, centre crop, normalise)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = 224
+    resize: Literal["shortest", "squash"] = "shortest"
+    interpolation: Literal["bicubic", "bilinear"] = "bicubic"
+    mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+
+
+class TowerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str
+    input_names: list[str]
+    output_name: str = "embeddings"
+
+
+class QuantizedSpec(TowerSpec):
+    # mean cosine similarity between int8 and fp32 embeddings on the calibration texts at export
+    cosine_vs_fp32_mean: float
+    cosine_vs_fp32_min: float
+
+
+class BundleManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    name: str
+    version: str
+    embedding_dim: int = Field(gt=0)
+    max_tokens: int = Field(gt=1, description="context length; longer inputs are truncated")
+    normalize: bool = True
+    image_space: str = Field(
+        min_length=1,
+        description="id of the image encoder this text tower is aligned to; indexes built with one "
+        "image_space can be searched by any bundle with the same id",
+    )
+    text: TowerSpec
+    text_int8: QuantizedSpec | None = None
+    image: TowerSpec | None = None
+    image_preprocess: ImagePreprocess | None = None
+    tokenizer: TokenizerSpec
+    # provenance: how the bundle was made (exporter, base weights, recipe, measured numbers); free form
+    source: dict = Field(default_factory=dict, description="provenance: how the bundle was made (free form)")
+    files: dict[str, str] = Field(default_factory=dict, description="file name -> sha256")
+
+
+def _referenced_files(manifest: BundleManifest) -> list[str]:
+    names = [manifest.text.file, manifest.tokenizer.file]
+    if manifest.text_int8:
+        names.append(manifest.text_int8.file)
+    if manifest.image:
+        names.append(manifest.image.file)
+    return names
+
+
+def write_manifest(bundle_dir: str | os.PathLike, manifest: BundleManifest) -> BundleManifest:
+    """Hash every file the manifest references and write ``manifest.json`` last (atomically)."""
+    bundle_dir = Path(bundle_dir)
+    names = _referenced_files(manifest)
+    for name in names:
+        if not (bundle_dir / name).is_file():
+            raise BundleError(f"bundle {bundle_dir}: file {name!r} named in the manifest does not exist")
+    files = checksums(bundle_dir, names)
+    manifest = manifest.model_copy(update={"files": files})
+    tmp = bundle_dir / (MANIFEST + ".tmp")
+    tmp.write_text(manifest.model_dump_json(indent=2))
+    os.replace(tmp, bundle_dir / MANIFEST)
+    return manifest
+
+
+def read_manifest(bundle_dir: str | os.PathLike, verify: bool = True) -> BundleManifest:
+    """Read and (by default) verify a bundle. Raises ``BundleError`` naming the offending file."""
+    bundle_dir = Path(bundle_dir)
+    mpath = bundle_dir / MANIFEST
+    if not bundle_dir.is_dir():
+        raise BundleError(f"bundle {bundle_dir} is not a directory")
+    if not mpath.is_file():
+        raise BundleError(f"bundle {bundle_dir}: {MANIFEST} is missing")
+    try:
+        manifest = BundleManifest.model_validate(json.loads(mpath.read_text()))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise BundleError(f"bundle {bundle_dir}: {MANIFEST} is malformed: {exc}") from exc
+    if manifest.format_version != FORMAT_VERSION:
+        raise BundleError(
+            f"bundle {bundle_dir}: format_version {manifest.format_version} is not supported "
+            f"(this paraseek reads {FORMAT_VERSION})"
+        )
+    for name in _referenced_files(manifest):
+        if name not in manifest.files:
+            raise BundleError(f"bundle {bundle_dir}: {MANIFEST} has no checksum for {name!r}")
+    if verify:
+        verify_checksums(bundle_dir, manifest.files, "bundle", BundleError)
+    return manifest

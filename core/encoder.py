@@ -1,0 +1,223 @@
+"""Encoder runtime: load a model bundle with onnxruntime, tokenise, encode text and images.
+
+This is the only module that runs bundle graphs; the index builder, the service, the evaluation
+harness, training (to embed images once) and the benchmarks all go through ``Encoder``. It needs
+onnxruntime, tokenizers, numpy and Pillow, never torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest
+from core.tokenizer import BundleTokenizer, TokenBatch
+
+log = logging.getLogger(__name__)
+
+# Preferred order; only those onnxruntime reports as available are used.
+_PROVIDER_PREFERENCE = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def choose_providers(requested: Sequence[str] | None = None) -> list[str]:
+    """Execution providers to use: the requested ones, else GPU ones when present, then CPU."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    if requested:
+        missing = [p for p in requested if p not in available]
+        if missing:
+            raise BundleError(
+                f"execution provider(s) {missing} are not available in this onnxruntime "
+                f"(available: {sorted(available)})"
+            )
+        return list(requested)
+    return [p for p in _PROVIDER_PREFERENCE if p in available]
+
+
+def l2_normalize(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=axis, keepdims=True)
+    return x / np.maximum(norm, 1e-12)
+
+
+def preprocess_image(image, spec: ImagePreprocess) -> np.ndarray:
+    """PIL image -> (3, size, size) float32, the same steps as open_clip's/torchvision's transforms."""
+    from PIL import Image
+
+    resample = Image.Resampling.BICUBIC if spec.interpolation == "bicubic" else Image.Resampling.BILINEAR
+    image = image.convert("RGB")
+    size = spec.size
+    if spec.resize == "squash":
+        image = image.resize((size, size), resample)
+    else:
+        w, h = image.size
+        # torchvision's Resize(int): short side -> size, long side truncated (not rounded)
+        if w <= h:
+            nw, nh = size, int(size * h / w)
+        else:
+            nw, nh = int(size * w / h), size
+        image = image.resize((nw, nh), resample)
+        left = int(round((nw - size) / 2.0))
+        top = int(round((nh - size) / 2.0))
+        image = image.crop((left, top, left + size, top + size))
+    x: np.ndarray = np.asarray(image, dtype=np.float32) / 255.0
+    x = (x - np.asarray(spec.mean, dtype=np.float32)) / np.asarray(spec.std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+class Encoder:
+    """A loaded model bundle.
+
+    ``precision="int8"`` runs the quantised text tower when the bundle has one. ``threads`` sets
+    onnxruntime's intra-op threads (None: onnxruntime's default, all cores); ``spin=False`` lets idle
+    threads sleep (servers).
+    """
+
+    def __init__(
+        self,
+        bundle_dir: str | os.PathLike,
+        *,
+        precision: str = "fp32",
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        verify: bool = True,
+        load_image: bool = True,
+        spin: bool = True,
+    ):
+        self.path = Path(bundle_dir)
+        self.manifest: BundleManifest = read_manifest(self.path, verify=verify)
+        self.providers = choose_providers(providers)
+        self.threads = threads
+        self.spin = spin
+        m = self.manifest
+        if precision not in ("fp32", "int8"):
+            raise BundleError(f"precision must be 'fp32' or 'int8', not {precision!r}")
+        if precision == "int8" and m.text_int8 is None:
+            raise BundleError(f"bundle {self.path} has no int8 text tower (export it with --int8)")
+        self.precision = precision
+        text_spec: TowerSpec = m.text_int8 if precision == "int8" and m.text_int8 is not None else m.text
+        self.tokenizer = BundleTokenizer(
+            self.path / m.tokenizer.file, m.max_tokens, m.tokenizer.cleaning, m.tokenizer.pad_id
+        )
+        self._text_session = self._session(self.path / text_spec.file)
+        self._text_inputs = list(text_spec.input_names)
+        self._image_session = None
+        if load_image and m.image is not None:
+            self._image_session = self._session(self.path / m.image.file)
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.embedding_dim
+
+    @property
+    def image_space(self) -> str:
+        return self.manifest.image_space
+
+    @property
+    def has_image_tower(self) -> bool:
+        return self._image_session is not None
+
+    # -- sessions -----------------------------------------------------------------------------
+    def _session(self, path: Path):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.threads:
+            opts.intra_op_num_threads = int(self.threads)
+            opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        if not self.spin:
+            # idle intra-op threads sleep instead of spinning: in a server they would otherwise burn the
+            # cores the event loop needs between encoder calls
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
+
+    def with_text_model(self, onnx_path: str | os.PathLike) -> Encoder:
+        """A copy that runs another text graph with this bundle's tokenizer (exporters use it to
+        compare a candidate graph, e.g. a quantised one, before it is written into the manifest)."""
+        import copy
+
+        other = copy.copy(self)
+        other._text_session = self._session(Path(onnx_path))
+        return other
+
+    # -- text ---------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> TokenBatch:
+        return self.tokenizer(texts)
+
+    def _run_text(self, batch: TokenBatch) -> np.ndarray:
+        feeds = {"input_ids": batch.input_ids}
+        if "attention_mask" in self._text_inputs:
+            feeds["attention_mask"] = batch.attention_mask
+        (out,) = self._text_session.run(None, feeds)
+        out = out.astype(np.float32, copy=False)
+        return l2_normalize(out) if self.manifest.normalize else out
+
+    def encode_text_detailed(
+        self, texts: Sequence[str], batch_size: int = 64
+    ) -> tuple[np.ndarray, list[bool]]:
+        """Embeddings (N, dim) and, per text, whether it was truncated.
+
+        Texts are grouped by token length so each batch pads as little as possible, then the rows are
+        put back in input order.
+        """
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), np.float32), []
+        if len(texts) <= batch_size:
+            batch = self.tokenize(texts)
+            return self._run_text(batch), batch.truncated
+        order = np.argsort(self.tokenizer.token_counts(texts), kind="stable")
+        out = np.empty((len(texts), self.dim), np.float32)
+        truncated = [False] * len(texts)
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            batch = self.tokenize([texts[i] for i in idx])
+            out[idx] = self._run_text(batch)
+            for i, t in zip(idx, batch.truncated):
+                truncated[i] = t
+        return out, truncated
+
+    def encode_text(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        return self.encode_text_detailed(texts, batch_size)[0]
+
+    # -- images -------------------------------------------------------------------------------
+    def preprocess(self, image) -> np.ndarray:
+        if self.manifest.image_preprocess is None:
+            raise BundleError(f"bundle {self.path} has no image preprocessing spec")
+        return preprocess_image(image, self.manifest.image_preprocess)
+
+    def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Preprocessed pixels (B, 3, H, W) -> embeddings (B, dim)."""
+        if self._image_session is None:
+            raise BundleError(f"bundle {self.path} has no image tower")
+        (out,) = self._image_session.run(None, {"pixel_values": np.asarray(pixels, np.float32)})
+        return l2_normalize(out) if self.manifest.normalize else out
+
+    def encode_images(self, images: Iterable, batch_size: int = 32) -> np.ndarray:
+        """PIL images -> embeddings (N, dim)."""
+        chunks, buf = [], []
+        for image in images:
+            buf.append(self.preprocess(image))
+            if len(buf) == batch_size:
+                chunks.append(self.encode_pixels(np.stack(buf)))
+                buf = []
+        if buf:
+            chunks.append(self.encode_pixels(np.stack(buf)))
+        if not chunks:
+            return np.zeros((0, self.dim), np.float32)
+        return np.concatenate(chunks)

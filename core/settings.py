@@ -1,0 +1,93 @@
+"""The one settings object: every ``PARASEEK_*`` environment variable is declared here and read here.
+
+The service, the CLI, training and the load tests all take a ``Settings`` (pydantic-settings), so a
+variable means the same thing everywhere, e.g. ``PARASEEK_HOME``, ``PARASEEK_BUNDLE``,
+``PARASEEK_REDIS_URL``, ``PARASEEK_PPDB_PATH``, ``PARASEEK_LLM_BASE_URL``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".cache" / "paraseek"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PARASEEK_", env_file=None, extra="ignore")
+
+    # where the embedded default (starter bundle + demo snapshot) and caches live
+    home: Path = Field(default_factory=_default_home)
+    # None: the embedded default under ``home`` (see ``bundle_dir``/``snapshot_root``)
+    bundle: Path | None = None
+    snapshot: Path | None = None
+
+    # encoder and index runtime
+    precision: str = Field("fp32", pattern="^(fp32|int8)$")
+    encoder_threads: int | None = Field(None, ge=1)
+    encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
+    faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
+    snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the snapshot root's `current` changes "
+                                   "(replicas sharing a volume pick up another replica's reindex)")
+
+    # micro-batching of concurrent requests' texts into one encoder call
+    batching: bool = True
+    max_batch_size: int = Field(64, ge=1, le=1024)
+    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+
+    # caches: Redis when a URL is given, else an in-process LRU
+    redis_url: str | None = None
+    redis_timeout_s: float = Field(0.25, gt=0)
+    redis_retry_after_s: float = Field(5.0, ge=0, description="skip Redis this long after an error")
+    embedding_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    result_ttl_s: int = Field(600, ge=1)
+    lru_size: int = Field(10_000, ge=0)
+
+    # request limits
+    max_query_chars: int = Field(1000, ge=1)
+    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    max_batch_queries: int = Field(64, ge=1)
+    consistency_threshold: float = Field(0.5, ge=0, le=1, description="mean AO@k at or above -> stable")
+
+    # admin routes are disabled unless a token is set
+    admin_token: SecretStr | None = None
+    reindex_root: Path | None = Field(None, description="where reindex jobs may read sources (None: anywhere)")
+
+    # paraphrase / expansion sources (service, CLI evaluation and training data generation alike)
+    ppdb_path: Path | None = None
+    llm_base_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_timeout_s: float = Field(20.0, gt=0)
+    llm_retries: int = Field(2, ge=0)
+    llm_cache: Path | None = Field(None, description="on-disk cache of LLM answers (default: HOME/llm-cache.jsonl)")
+
+    # logs and load tests
+    log_json: bool = True
+    load_queries: Path | None = Field(None, description="TSV (image_id, caption) the Locust users draw queries from")
+
+    @property
+    def embedded_default(self) -> bool:
+        """Neither a bundle nor a snapshot was configured: serve the starter over the demo gallery."""
+        return self.bundle is None and self.snapshot is None
+
+    @property
+    def starter_bundle_dir(self) -> Path:
+        """Where the offline starter bundle lives (built by ``paraseek models build-starter``)."""
+        return self.home / "bundles" / "starter"
+
+    @property
+    def bundle_dir(self) -> Path:
+        return self.bundle or self.starter_bundle_dir
+
+    @property
+    def snapshot_root(self) -> Path:
+        return self.snapshot or self.home / "snapshots" / "demo"
+
+    @property
+    def llm_cache_path(self) -> Path:
+        return self.llm_cache or self.home / "llm-cache.jsonl"

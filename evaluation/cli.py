@@ -1,0 +1,146 @@
+"""``paraseek eval ...``: paraphrase consistency, retrieval, STS and perturbation suites (no torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from core.cli_support import console, err, user_errors
+from core.encoder import Encoder
+from core.errors import UserError
+from core.settings import Settings
+from evaluation.data import read_pairs, read_sts
+from evaluation.paraphrase import evaluate_pairs, write_pairs_csv
+from evaluation.retrieval import cross_modal_recall
+from evaluation.sts import evaluate_sts
+from evaluation.suite import compare, parse_model, perturbation_suite, retrieval_on_snapshot
+from index.cli import load_encoder, load_snapshot
+from index.snapshot import Snapshot
+from paraphrase import ParaphraseSourceUnavailable
+from paraphrase.factory import make_source
+
+app = typer.Typer(help="Evaluate bundles: paraphrase consistency, retrieval, STS, perturbations.", no_args_is_help=True)
+
+
+def expander(spec: Optional[str], ppdb: Optional[Path]) -> tuple[str, Callable[[str], list[str]]] | None:
+    """'wordnet:3' / 'ppdb:2' -> (label, text -> expansions)."""
+    if not spec:
+        return None
+    method, _, n_text = spec.partition(":")
+    if method not in ("wordnet", "ppdb"):
+        raise UserError(f"--expansion {spec!r}: method must be wordnet or ppdb (LLM expansion runs through the service)")
+    if n_text and not n_text.isdigit():
+        raise UserError(f"--expansion {spec!r}: N must be a positive integer")
+    n = int(n_text or 3)
+    source = make_source(method, Settings(), ppdb_path=ppdb)
+    return f"{method}{n}", lambda text: source.paraphrases(text, n)
+
+
+def _load_pair(bundle: Path | None, snapshot: Path | None) -> tuple[Encoder, Snapshot]:
+    enc = load_encoder(bundle)
+    return enc, load_snapshot(snapshot, enc)
+
+
+@app.command("paraphrase")
+@user_errors
+def paraphrase_cmd(
+    pairs: Path = typer.Option(..., help="TSV of (query, paraphrase) pairs, e.g. CxC caption1/caption2."),
+    snapshot: Optional[Path] = typer.Option(None, help="Snapshot root (default: the demo)."),
+    bundle: Optional[Path] = typer.Option(None),
+    k: int = typer.Option(10, "--k", "-k", min=1, max=1000),
+    expansion: Optional[str] = typer.Option(None, help="Also evaluate with query expansion: wordnet:N or ppdb:N."),
+    ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for per-pair CSV and summary JSON."),
+):
+    """AO@k and JS@k between the top-k lists of each query and its paraphrase."""
+    text_pairs = read_pairs(pairs)
+    enc, snap = _load_pair(bundle, snapshot)
+    results = [evaluate_pairs(enc, snap, text_pairs, k=k)]
+    exp = expander(expansion, ppdb)
+    if exp:
+        results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp[1], label=exp[0]))
+    summary = {r.label: r.summary() for r in results}
+    if out:
+        write_pairs_csv(out / "pairs.csv", text_pairs, results)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print_json(json.dumps(summary))
+
+
+@app.command("retrieval")
+@user_errors
+def retrieval_cmd(
+    snapshot: Optional[Path] = typer.Option(None, help="Snapshot built from a COCO captions file (default: the demo)."),
+    bundle: Optional[Path] = typer.Option(None),
+    features: Optional[Path] = typer.Option(None, help="Precomputed (2, N, D) .npy: [0] images, [1] their captions."),
+):
+    """Text-to-image and image-to-text R@1/5/10 and RSUM."""
+    if features is not None:
+        arr = np.load(features)
+        if arr.ndim != 3 or arr.shape[0] != 2:
+            raise UserError(f"{features}: expected shape (2, N, D), got {arr.shape}")
+        ids = list(range(arr.shape[1]))
+        result = cross_modal_recall(arr[0], ids, arr[1], ids)
+    else:
+        result = retrieval_on_snapshot(*_load_pair(bundle, snapshot))
+    console.print_json(json.dumps(result))
+
+
+@app.command("sts")
+@user_errors
+def sts_cmd(
+    file: Path = typer.Option(..., help="STS-B format: genre, file, year, id, score, sentence1, sentence2."),
+    bundle: Optional[Path] = typer.Option(None),
+):
+    """Spearman and Pearson of cosine similarity against gold scores."""
+    pairs = read_sts(file)  # check the data before loading the model
+    console.print_json(json.dumps(evaluate_sts(load_encoder(bundle), pairs)))
+
+
+@app.command("perturb")
+@user_errors
+def perturb_cmd(
+    snapshot: Optional[Path] = typer.Option(None, help="Snapshot with captions (default: the demo)."),
+    bundle: Optional[Path] = typer.Option(None),
+    seed: int = typer.Option(0),
+    out: Optional[Path] = typer.Option(None, help="Write the report as JSON here."),
+):
+    """Retrieval on clean vs perturbed captions (character and word level), with relative drops."""
+    try:
+        wordnet = make_source("wordnet", Settings())
+    except ParaphraseSourceUnavailable as exc:
+        err.print(f"synonym perturbation skipped: {exc}")
+        wordnet = None
+    report = perturbation_suite(*_load_pair(bundle, snapshot), wordnet_source=wordnet, seed=seed)
+    table = Table(title="perturbation robustness (text-to-image)")
+    for col in ("perturbation", "R@1", "R@5", "R@10", "drop R@1", "AO@10 vs clean"):
+        table.add_column(col)
+    for name, r in report.items():
+        table.add_row(name, f"{r['t2i_r1']:.1f}", f"{r['t2i_r5']:.1f}", f"{r['t2i_r10']:.1f}",
+                      f"{r.get('relative_drop_r1', 0):.1%}", f"{r.get('ao@10_vs_clean', 1):.3f}")
+    console.print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+
+
+@app.command("compare")
+@user_errors
+def compare_cmd(
+    model: List[str] = typer.Option(..., help="NAME=BUNDLE or NAME=BUNDLE@SNAPSHOT (repeatable)."),
+    out: Path = typer.Option(Path("eval-report"), help="Folder for results.md/json and plots."),
+    pairs: Optional[Path] = typer.Option(None, help="Paraphrase pairs TSV."),
+    sts: Optional[Path] = typer.Option(None, help="STS-B file."),
+    images: Optional[Path] = typer.Option(None, help="COCO captions JSON to index models given without a snapshot."),
+    image_root: Optional[Path] = typer.Option(None, help="Image folder of --images."),
+    k: int = typer.Option(10, "--k", "-k", min=1, max=1000),
+):
+    """The suite over several bundles: a Markdown/JSON table (rows = models) plus PNG plots."""
+    rows = compare([parse_model(m) for m in model], out, pairs=read_pairs(pairs) if pairs else None,
+                   sts=read_sts(sts) if sts else None, images=images, image_root=image_root, k=k)
+    console.print((out / "results.md").read_text())
+    console.print(f"written to {out} ({len(rows)} models)")

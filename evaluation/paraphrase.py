@@ -1,0 +1,75 @@
+"""Paraphrased retrieval: AO@k and JS@k between the top-k image lists of a query and its paraphrase."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from core.encoder import Encoder, l2_normalize
+from core.rank_metrics import average_overlap, jaccard_at_k
+
+
+@dataclass
+class ParaphraseResult:
+    k: int
+    ao: np.ndarray  # per pair
+    js: np.ndarray
+    label: str = "plain"
+    lists: list[tuple[list[int], list[int]]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        q = lambda x, p: float(np.percentile(x, p))  # noqa: E731
+        return {
+            "pairs": int(len(self.ao)), "k": self.k,
+            f"ao@{self.k}": float(self.ao.mean()), f"js@{self.k}": float(self.js.mean()),
+            f"ao@{self.k}_p10": q(self.ao, 10), f"ao@{self.k}_median": q(self.ao, 50), f"ao@{self.k}_p90": q(self.ao, 90),
+            f"js@{self.k}_median": q(self.js, 50),
+            "identical_top1": float(np.mean([a[:1] == b[:1] for a, b in self.lists])) if self.lists else None,
+        }
+
+
+def expanded_embeddings(encoder: Encoder, texts: Sequence[str], expand: Callable[[str], list[str]],
+                        progress: bool = True) -> np.ndarray:
+    """Cheng et al. eq. 5: mean of the normalised embeddings of each text and its expansions."""
+    out = np.empty((len(texts), encoder.dim), np.float32)
+    for i, text in enumerate(tqdm(texts, desc="expanding", disable=not progress)):
+        out[i] = l2_normalize(encoder.encode_text([text, *expand(text)]).mean(axis=0))
+    return out
+
+
+def evaluate_pairs(encoder: Encoder, snapshot, pairs: Sequence[tuple[str, str]], k: int = 10,
+                   expand: Callable[[str], list[str]] | None = None, label: str = "plain",
+                   progress: bool = True) -> ParaphraseResult:
+    a_texts, b_texts = [a for a, _ in pairs], [b for _, b in pairs]
+    if expand is None:
+        qa, qb = encoder.encode_text(a_texts), encoder.encode_text(b_texts)
+    else:
+        qa = expanded_embeddings(encoder, a_texts, expand, progress)
+        qb = expanded_embeddings(encoder, b_texts, expand, progress)
+    _, ia = snapshot.search_ids(qa, k)
+    _, ib = snapshot.search_ids(qb, k)
+    lists = [([int(x) for x in ra if x >= 0], [int(x) for x in rb if x >= 0]) for ra, rb in zip(ia, ib)]
+    ao = np.array([average_overlap(a, b, k) for a, b in lists])
+    js = np.array([jaccard_at_k(a, b, k) for a, b in lists])
+    return ParaphraseResult(k=k, ao=ao, js=js, label=label, lists=lists)
+
+
+def write_pairs_csv(path: Path, pairs, results: Sequence[ParaphraseResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        header = ["text1", "text2"]
+        for r in results:
+            header += [f"{r.label}_ao@{r.k}", f"{r.label}_js@{r.k}", f"{r.label}_top{r.k}_1", f"{r.label}_top{r.k}_2"]
+        w.writerow(header)
+        for i, (a, b) in enumerate(pairs):
+            row = [a, b]
+            for r in results:
+                la, lb = r.lists[i]
+                row += [f"{r.ao[i]:.4f}", f"{r.js[i]:.4f}", " ".join(map(str, la)), " ".join(map(str, lb))]
+            w.writerow(row)

@@ -1,0 +1,32 @@
+"""Text-to-image and image-to-text recall with several captions per image."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from core.errors import UserError
+from core.rank_metrics import retrieval_recall
+
+KS = (1, 5, 10)
+
+
+def cross_modal_recall(image_vecs: np.ndarray, image_ids: Sequence[int], text_vecs: np.ndarray,
+                       text_image_ids: Sequence[int], ks=KS) -> dict[str, float]:
+    """R@k in percent both ways, and RSUM. A caption's relevant image is its own; an image's relevant
+    captions are all of its captions."""
+    position = {int(i): p for p, i in enumerate(image_ids)}
+    missing = {int(i) for i in text_image_ids} - set(position)
+    if missing:
+        raise UserError(f"{len(missing)} captions refer to images not in the gallery, e.g. {sorted(missing)[:3]}")
+    sim = np.asarray(text_vecs, np.float32) @ np.asarray(image_vecs, np.float32).T
+    t2i = retrieval_recall(sim, [position[int(i)] for i in text_image_ids], ks)
+    captions_of: dict[int, set[int]] = {}
+    for t, i in enumerate(text_image_ids):
+        captions_of.setdefault(position[int(i)], set()).add(t)
+    rows = [p for p in range(len(image_ids)) if p in captions_of]
+    i2t = retrieval_recall(sim.T[rows], [captions_of[p] for p in rows], ks)
+    out = {f"t2i_r{k}": 100 * t2i[k] for k in ks} | {f"i2t_r{k}": 100 * i2t[k] for k in ks}
+    out["rsum"] = sum(out.values())
+    return out

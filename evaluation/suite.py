@@ -1,0 +1,167 @@
+"""The evaluation suite over one bundle + snapshot, and the comparison of several bundles."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from core.encoder import Encoder
+from core.errors import UserError
+from core.rank_metrics import average_overlap
+from evaluation.paraphrase import evaluate_pairs
+from evaluation.perturb import perturb_all, perturbations
+from evaluation.retrieval import cross_modal_recall
+from evaluation.sts import evaluate_sts
+from index.builder import build_snapshot
+from index.snapshot import Snapshot
+
+
+class NoCaptionsError(UserError):
+    """The snapshot stores no captions, so caption-based retrieval cannot be measured on it."""
+
+
+def snapshot_captions(snapshot) -> tuple[list[str], list[int]]:
+    """Captions stored with a snapshot's images (COCO sources) and the image id of each."""
+    texts, ids = [], []
+    for image_id in snapshot.ids:
+        for c in snapshot.metadata[int(image_id)].get("captions", []):
+            texts.append(c)
+            ids.append(int(image_id))
+    if not texts:
+        raise NoCaptionsError(f"snapshot {snapshot.version} has no captions: build it from a COCO captions file")
+    return texts, ids
+
+
+def retrieval_on_snapshot(encoder: Encoder, snapshot) -> dict[str, float]:
+    texts, ids = snapshot_captions(snapshot)
+    return cross_modal_recall(np.asarray(snapshot.vectors()), snapshot.ids, encoder.encode_text(texts), ids)
+
+
+def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: int = 0, k: int = 10,
+                       progress: bool = True) -> dict[str, dict[str, float]]:
+    """Text-to-image R@1/5/10 on clean and perturbed captions, the relative drop, and AO@k between each
+    caption's clean and perturbed top-k lists."""
+
+    texts, ids = snapshot_captions(snapshot)
+    vectors = np.asarray(snapshot.vectors())
+
+    def t2i(query_vecs):
+        r = cross_modal_recall(vectors, snapshot.ids, query_vecs, ids)
+        return {key: r[key] for key in ("t2i_r1", "t2i_r5", "t2i_r10")}
+
+    clean_vecs = encoder.encode_text(texts)
+    clean = t2i(clean_vecs)
+    _, clean_lists = snapshot.search_ids(clean_vecs, k)
+    out = {"clean": clean}
+    for name, fn in tqdm(perturbations(wordnet_source).items(), desc="perturbations", disable=not progress):
+        vecs = encoder.encode_text(perturb_all(texts, fn, seed))
+        res = t2i(vecs)
+        _, lists = snapshot.search_ids(vecs, k)
+        res[f"ao@{k}_vs_clean"] = float(np.mean([average_overlap(list(a), list(b), k) for a, b in zip(clean_lists, lists)]))
+        res["relative_drop_r1"] = (clean["t2i_r1"] - res["t2i_r1"]) / clean["t2i_r1"] if clean["t2i_r1"] else 0.0
+        out[name] = res
+    return out
+
+
+@dataclass
+class Model:
+    name: str
+    bundle: Path
+    snapshot: Path | None = None
+
+
+def parse_model(spec: str) -> Model:
+    """NAME=BUNDLE or NAME=BUNDLE@SNAPSHOT"""
+    if "=" not in spec:
+        raise UserError(f"model {spec!r}: expected NAME=BUNDLE[@SNAPSHOT]")
+    name, rest = spec.split("=", 1)
+    bundle, _, snapshot = rest.partition("@")
+    return Model(name, Path(bundle), Path(snapshot) if snapshot else None)
+
+
+def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=None, image_root=None,
+            k: int = 10, progress: bool = True) -> list[dict]:
+    """One row of metrics per model; writes results.json, results.md and PNG plots into ``out``."""
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows, ao_distributions = [], {}
+    for m in tqdm(models, desc="models", disable=not progress):
+        enc = Encoder(m.bundle)
+        snap_path = m.snapshot
+        if snap_path is None:
+            if images is None:
+                raise UserError(f"model {m.name}: give NAME=BUNDLE@SNAPSHOT or --images to index with it")
+            snap_path = out / "snapshots" / m.name
+            build_snapshot(images, enc, snap_path, image_root=image_root, progress=progress)
+        snap = Snapshot.load(snap_path, image_space=enc.image_space)
+        row: dict = {"model": m.name, "bundle": f"{enc.name} v{enc.version}", "images": len(snap)}
+        if pairs:
+            res = evaluate_pairs(enc, snap, pairs, k=k, progress=progress)
+            row[f"AO@{k}"], row[f"JS@{k}"] = float(res.ao.mean()), float(res.js.mean())
+            ao_distributions[m.name] = res.ao
+        try:
+            r = retrieval_on_snapshot(enc, snap)
+            row.update({"T2I R@1": r["t2i_r1"], "T2I R@5": r["t2i_r5"], "T2I R@10": r["t2i_r10"],
+                        "I2T R@1": r["i2t_r1"], "I2T R@5": r["i2t_r5"], "I2T R@10": r["i2t_r10"], "RSUM": r["rsum"]})
+        except NoCaptionsError:
+            pass  # a snapshot without captions: no retrieval columns
+        if sts:
+            s = evaluate_sts(enc, sts)
+            row["STS Spearman"], row["STS Pearson"] = s["spearman"], s["pearson"]
+        rows.append(row)
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    (out / "results.md").write_text(markdown_table(rows))
+    plot_results(rows, ao_distributions, out, k)
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) and abs(v) <= 1 else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(rows, ao_distributions, out: Path, k: int) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    if ao_distributions:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        bins = np.linspace(0, 1, 21).tolist()
+        for name, ao in ao_distributions.items():
+            ax.hist(ao, bins=bins, alpha=0.5, label=f"{name} (mean {ao.mean():.3f})")
+        ax.set_xlabel(f"AO@{k} between a query's and its paraphrase's top-{k}")
+        ax.set_ylabel("pairs")
+        written.append(_save(fig, ax, "Paraphrase consistency", out / "ao_distribution.png"))
+    keys = [c for c in ("T2I R@1", "T2I R@5", "T2I R@10", "I2T R@1", "I2T R@5", "I2T R@10") if any(c in r for r in rows)]
+    if keys:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        width = 0.8 / len(rows)
+        x = np.arange(len(keys))
+        for j, r in enumerate(rows):
+            ax.bar(x + j * width, [r.get(c, 0) for c in keys], width, label=r["model"])
+        ax.set_xticks(x + width * (len(rows) - 1) / 2, keys)
+        ax.set_ylabel("recall (%)")
+        written.append(_save(fig, ax, "Retrieval", out / "recall.png"))
+    return written
+
+
+def _save(fig, ax, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,123 @@
+"""``paraseek index ...``: build, update, inspect and search snapshots (onnxruntime and faiss, no torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.table import Table
+
+from core.cli_support import console, err, user_errors
+from core.encoder import Encoder
+from core.errors import UserError
+from core.settings import Settings
+from index.builder import build_snapshot, update_snapshot
+from index.faiss_index import IndexSpec
+from index.snapshot import SearchHit, Snapshot, read_snapshot_manifest, resolve
+
+app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
+
+
+def load_encoder(bundle: Path | None, threads: int | None = None, precision: str = "fp32") -> Encoder:
+    """The given bundle, else the configured one (PARASEEK_BUNDLE, default: the starter)."""
+    return Encoder(bundle or Settings().bundle_dir, threads=threads, precision=precision)
+
+
+def load_snapshot(root: Path | None, encoder: Encoder, threads: int | None = None) -> Snapshot:
+    """The given snapshot root, else the configured one (PARASEEK_SNAPSHOT, default: the demo)."""
+    return Snapshot.load(root or Settings().snapshot_root, image_space=encoder.image_space, threads=threads)
+
+
+def index_spec(index_type: str, params: str | None) -> IndexSpec:
+    try:
+        return IndexSpec.model_validate({"type": index_type, **(json.loads(params) if params else {})})
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--params is not valid JSON: {exc}") from exc
+    except ValidationError as exc:
+        raise UserError(f"--type/--params: {exc}") from exc
+
+
+def print_results(query: str, hits: list[SearchHit]) -> None:
+    table = Table(title=f"“{query}”", title_justify="left")
+    for col in ("rank", "score", "id", "image", "caption"):
+        table.add_column(col)
+    for hit in hits:
+        caps = hit.metadata.get("captions") or [""]
+        table.add_row(str(hit.rank), f"{hit.score:.3f}", str(hit.id), hit.metadata["path"], caps[0])
+    console.print(table)
+
+
+@app.command("build")
+@user_errors
+def build_cmd(
+    source: Path = typer.Argument(..., help="Image folder, or a COCO-format captions/instances JSON."),
+    bundle: Optional[Path] = typer.Option(None, help="Bundle with an image tower (default: the starter)."),
+    out: Optional[Path] = typer.Option(None, help="Snapshot root (default: $PARASEEK_HOME/snapshots/demo)."),
+    images: Optional[Path] = typer.Option(None, help="Image folder of a COCO JSON (default: beside it)."),
+    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_pq"),
+    params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32, "ef_search": 64}\'.'),
+    batch_size: int = typer.Option(32, min=1),
+    workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),
+):
+    """Embed a source into a new snapshot version and publish it."""
+    spec = index_spec(index_type, params)
+    result = build_snapshot(
+        source, load_encoder(bundle), out or Settings().snapshot_root, spec=spec, image_root=images,
+        batch_size=batch_size, workers=workers,
+    )
+    m = result.manifest
+    console.print(
+        f"published {m.version}: {m.count} images, index {m.index.type}, "
+        f"{result.images_per_second:.1f} images/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
+    )
+    for item in result.skipped:
+        err.print(f"skipped {item['path']}: {item['error']}", highlight=False)
+
+
+@app.command("update")
+@user_errors
+def update_cmd(
+    root: Path = typer.Argument(..., help="Snapshot root."),
+    bundle: Optional[Path] = typer.Option(None),
+    add: Optional[Path] = typer.Option(None, help="Image folder or COCO JSON to add."),
+    remove: List[int] = typer.Option([], help="Image id to remove (repeatable)."),
+    retrain: bool = typer.Option(False, help="Re-train IVF quantisers on the new contents."),
+):
+    """Add/remove images: a new snapshot version, the old one untouched."""
+    if add is None and not remove and not retrain:
+        raise UserError("nothing to do: give --add, --remove or --retrain")
+    result = update_snapshot(root, load_encoder(bundle), add=add, remove=remove, retrain=retrain)
+    console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images")
+
+
+@app.command("info")
+@user_errors
+def info_cmd(root: Path = typer.Argument(None, help="Snapshot root or version directory.")):
+    """Print a snapshot's manifest."""
+    console.print_json(read_snapshot_manifest(resolve(root or Settings().snapshot_root)).model_dump_json())
+
+
+@app.command("search")
+@user_errors
+def search_cmd(
+    queries: List[str] = typer.Argument(..., help="One or more text queries."),
+    root: Optional[Path] = typer.Option(None, "--snapshot", help="Snapshot root (default: the demo)."),
+    bundle: Optional[Path] = typer.Option(None),
+    k: int = typer.Option(5, "--k", "-k", min=1, max=1000, help="Results per query."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+):
+    """Search a snapshot with text queries from the command line."""
+    enc = load_encoder(bundle, threads=1)
+    snap = load_snapshot(root, enc, threads=1)
+    results = snap.search(enc.encode_text(queries), k)
+    if as_json:
+        console.print_json(json.dumps([
+            {"query": q, "results": [{"id": h.id, "score": h.score, "rank": h.rank, "path": h.metadata["path"]} for h in hits]}
+            for q, hits in zip(queries, results)
+        ]))
+        return
+    for q, hits in zip(queries, results):
+        print_results(q, hits)

@@ -1,0 +1,13 @@
+"""The demo snapshot: the bundled 76-photo COCO gallery (``core.demo``) indexed with a bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.demo import CAPTIONS_FILE, GALLERY_DIR
+from core.encoder import Encoder
+from index.builder import BuildResult, build_snapshot
+
+
+def build_demo_snapshot(encoder: Encoder, root: Path, progress: bool = True) -> BuildResult:
+    return build_snapshot(CAPTIONS_FILE, encoder, root, image_root=GALLERY_DIR, progress=progress)

@@ -1,0 +1,69 @@
+"""``paraseek bench ...``: benchmarks that print side-by-side ratios measured in one run, and the
+Locust load runner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import httpx
+import typer
+
+from core.cli_support import console, err, user_errors
+from core.errors import UserError
+from loadtests import bench_encoder, bench_index, bench_service  # bench_encoder imports torch only when run
+from loadtests.load import run_load
+
+app = typer.Typer(help="Benchmarks (print side-by-side ratios measured in one run).", no_args_is_help=True)
+
+
+@app.command("encoder")
+def encoder_cmd(
+    repeats: int = typer.Option(30, min=3, help="Timed runs per configuration (median reported)."),
+    workdir: Optional[Path] = typer.Option(None, help="Where to export the benchmark bundles."),
+    threads: int = typer.Option(0, help="onnxruntime/torch threads (0: all cores)."),
+):
+    """torch eager (77 tokens) vs bundle runtime (fp32/int8, truncated), batch 1 and 32."""
+    sys.exit(bench_encoder.run(repeats=repeats, workdir=workdir, threads=threads or None))
+
+
+@app.command("index", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def index_cmd(ctx: typer.Context):
+    """Build throughput; flat/HNSW/IVF latency, QPS and recall at 10K-1M (options: --sizes, --kinds, --data)."""
+    sys.exit(bench_index.main(ctx.args))
+
+
+@app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def service_cmd(ctx: typer.Context):
+    """End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off (options: --seconds)."""
+    sys.exit(bench_service.main(ctx.args))
+
+
+@app.command("load")
+@user_errors
+def load_cmd(
+    url: str = typer.Option("http://127.0.0.1:8000", help="A running paraseek service (nothing is started)."),
+    users: int = typer.Option(20, min=1),
+    spawn_rate: float = typer.Option(5.0, min=0.1),
+    duration: int = typer.Option(30, min=1, help="Seconds."),
+    tags: List[str] = typer.Option([], "--tag", help="Only these scenarios (plain, cache, consistency, expansion, batch, info)."),
+    out: Path = typer.Option(Path("loadtest-report"), help="Folder for the CSV/HTML reports and summary.json."),
+    max_failure_ratio: float = typer.Option(0.0, min=0.0, max=1.0),
+    slo_p99_ms: Optional[float] = typer.Option(None, help="Fail if the aggregated p99 is above this."),
+    slo_p50_ms: Optional[float] = typer.Option(None, help="Fail if the aggregated p50 is above this."),
+    queries: Optional[Path] = typer.Option(None, help="TSV of image_id/caption to draw queries from."),
+):
+    """Run Locust headless against a running service; non-zero exit on failures or a missed SLO."""
+    try:
+        httpx.get(url.rstrip("/") + "/healthz", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise UserError(f"no paraseek service answers at {url}: {exc}") from exc
+    s = run_load(url, users=users, spawn_rate=spawn_rate, duration_s=duration, out=out, tags=tags or None,
+                 max_failure_ratio=max_failure_ratio, slo_p99_ms=slo_p99_ms, slo_p50_ms=slo_p50_ms, queries=queries)
+    console.print(f"{s.requests} requests, {s.failures} failures ({s.failure_ratio:.2%}), {s.rps:.1f} req/s; "
+                  f"p50 {s.p50_ms:.0f} ms, p95 {s.p95_ms:.0f} ms, p99 {s.p99_ms:.0f} ms")
+    console.print(f"HTML report: {s.html_report}")
+    for v in s.violations:
+        err.print(f"[red]violation:[/red] {v}")
+    raise typer.Exit(1 if s.violations else 0)

@@ -1,0 +1,36 @@
+"""The one place that turns a method name and the settings into a paraphrase source: the service
+(expansion, consistency), the CLI (evaluation) and training (x', x'') all call ``make_source``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.settings import Settings
+from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
+
+# llm: ParaCLIP's first prompt (x'); llm-avoid-words: its second prompt alone (x'' from x');
+# generator: both steps
+METHODS = ("wordnet", "ppdb", "llm", "llm-avoid-words", "generator")
+
+
+def make_source(method: str, settings: Settings, *, ppdb_path: str | Path | None = None) -> ParaphraseSource:
+    """A ready source; raises ``ParaphraseSourceUnavailable`` when it is not configured or its data
+    is missing. ``ppdb_path`` overrides ``settings.ppdb_path`` (a recipe's own PPDB file)."""
+    if method == "wordnet":
+        from paraphrase.wordnet import WordNetSource
+
+        return WordNetSource()
+    if method == "ppdb":
+        from paraphrase.ppdb import PPDBSource
+
+        return PPDBSource(ppdb_path or settings.ppdb_path)
+    if method in ("llm", "llm-avoid-words", "generator"):
+        from paraphrase.llm import ChatClient, LLMSource, TwoStepGenerator
+
+        client = ChatClient(
+            settings.llm_base_url, settings.llm_model,
+            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            timeout=settings.llm_timeout_s, retries=settings.llm_retries, cache_path=settings.llm_cache_path,
+        )
+        return TwoStepGenerator(client) if method == "generator" else LLMSource(client, name=method)
+    raise ParaphraseSourceUnavailable(f"unknown paraphrase method {method!r} (one of {', '.join(METHODS)})")

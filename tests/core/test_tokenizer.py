@@ -1,0 +1,68 @@
+"""The bundle tokenizer (no torch) must give open_clip's own ids."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import open_clip
+
+from core.encoder import Encoder
+from core.tokenizer import EmptyTextError
+
+TRICKY = [
+    "A photo of a dog.",
+    "Café crème brûlée — naïve façade!",
+    "日本語のテキスト and emoji 🐶🏖️",
+    "it's a dog's life, isn't it? They'll've",
+    "  multiple   spaces\tand\nnewlines ",
+    "&amp; html &lt;b&gt; entities &quot;quoted&quot;",
+    "ﬁancé ﬂowers (ligatures) and Ⅻ roman",
+    "numbers 12345 and 3.14159, 1st 2nd",
+    "UPPER lower MiXeD",
+    "punctuation!!! ??? ... --- ;;; @#$%^&*()",
+    "mojibake: donâ€™t",
+    "hello<end_of_text>world",
+]
+
+
+@pytest.fixture(scope="module")
+def clip_encoder(tiny_clip):
+    return Encoder(tiny_clip[0])
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_parity_with_open_clip_tokenizer(clip_encoder, text):
+    ref = open_clip.get_tokenizer("ViT-B-32")([text])[0].numpy()
+    got = clip_encoder.tokenize([text]).input_ids[0]
+    assert np.array_equal(got, ref[: len(got)])
+    assert not ref[len(got):].any()  # open_clip pads with zeros only after the real tokens
+
+
+def test_overlong_input_truncated_with_warning(clip_encoder, caplog):
+    text = "a very long caption " * 60
+    with caplog.at_level(logging.WARNING):
+        batch = clip_encoder.tokenize([text, "short"])
+    assert batch.truncated == [True, False]
+    assert batch.input_ids.shape[1] == 77
+    assert "truncated" in caplog.text
+    ref = open_clip.get_tokenizer("ViT-B-32")([text])[0].numpy()
+    assert np.array_equal(batch.input_ids[0], ref)  # same truncation: keeps <end_of_text> last
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "\n\t"])
+def test_empty_text_rejected(clip_encoder, bad):
+    with pytest.raises(EmptyTextError, match="text #1 is empty"):
+        clip_encoder.encode_text(["fine", bad])
+
+
+def test_non_string_rejected(clip_encoder):
+    with pytest.raises(TypeError, match="text #0"):
+        clip_encoder.encode_text([None])
+
+
+def test_batch_pads_only_to_longest(clip_encoder):
+    batch = clip_encoder.tokenize(["a dog", "a dog on a beach at night"])
+    assert batch.input_ids.shape[1] == max(batch.attention_mask.sum(1))
+    assert batch.input_ids.shape[1] < 77

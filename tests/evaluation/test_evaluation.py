@@ -1,0 +1,123 @@
+"""Evaluation harness: real CLIP embeddings, STS on the starter, perturbations, compare."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from paraseek.cli import app
+from evaluation import perturb
+from evaluation.data import DataError, read_pairs, read_sts
+from evaluation.retrieval import cross_modal_recall
+
+
+def test_reproduces_real_clip_recall(shared_data):
+    """OpenAI CLIP ViT-B/16 on 500 COCO val images: published R@1 50.6, R@5 76.4, R@10 86.2."""
+    feats = np.load(shared_data / "clip-vitb16-coco500/features_clip.npy")
+    ids = list(range(feats.shape[1]))
+    r = cross_modal_recall(feats[0], ids, feats[1], ids)
+    assert (round(r["t2i_r1"], 1), round(r["t2i_r5"], 1), round(r["t2i_r10"], 1)) == (50.6, 76.4, 86.2)
+    rand = np.load(shared_data / "clip-vitb16-coco500/features_clip_random.npy")
+    r0 = cross_modal_recall(rand[0], ids, rand[1], ids)
+    assert r0["t2i_r10"] < 5  # chance is 2.0 for 500 images
+
+
+def test_recall_with_several_captions_per_image():
+    images = np.eye(3, dtype=np.float32)
+    texts = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 0, 1], [0, 1, 0.1]], np.float32)
+    r = cross_modal_recall(images, [10, 20, 30], texts, [10, 10, 20, 20], ks=(1,))
+    assert r["t2i_r1"] == pytest.approx(75.0)  # captions 1, 2, 4 find their image; caption 3 finds image 30
+    assert r["i2t_r1"] == pytest.approx(100.0)  # images 10 and 20 each find one of their captions
+    with pytest.raises(ValueError, match="not in the gallery"):
+        cross_modal_recall(images, [10, 20, 30], texts, [10, 10, 20, 99])
+
+
+def test_sts_of_starter_text_tower(starter_encoder, shared_data):
+    from evaluation.sts import evaluate_sts
+
+    r = evaluate_sts(starter_encoder, read_sts(shared_data / "sts/sts-dev.csv"))
+    assert r["pairs"] == 1500
+    assert 0.8 <= r["spearman"] <= 0.92, r  # all-MiniLM-L6-v2 on STS-B dev: ~0.87
+
+
+def test_readers(shared_data, tmp_path):
+    pairs = read_pairs(shared_data / "paraphrase/cxc_dev_pairs.tsv")
+    assert len(pairs) == 445 and pairs[0] == ("a bath room sink with large mirror", "An image of a bathroom with a sink and mirror")
+    (tmp_path / "p.tsv").write_text("id\tq\tp\n1\ta dog\ta puppy\n")
+    assert read_pairs(tmp_path / "p.tsv") == [("a dog", "a puppy")]
+    (tmp_path / "empty.tsv").write_text("")
+    with pytest.raises(DataError):
+        read_pairs(tmp_path / "empty.tsv")
+    (tmp_path / "bad.csv").write_text("g\tf\ty\ti\tnot-a-score\ta\tb\ng\tf\ty\ti\tx\ta\tb\n")
+    with pytest.raises(DataError, match="not a number"):
+        read_sts(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("name", sorted(perturb.CHARACTER) + sorted(perturb.WORD))
+def test_perturbations_are_seeded_and_change_text(name):
+    fn = perturb.perturbations()[name]
+    text = "A man riding a brown horse along the beach at sunset"
+    a = fn(text, random.Random(1))
+    assert a == fn(text, random.Random(1))
+    assert a != text
+
+
+def test_synonym_perturbation_uses_wordnet(shared_data, monkeypatch):
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
+    from paraphrase.wordnet import WordNetSource
+
+    fn = perturb.perturbations(WordNetSource())["synonym"]
+    out = fn("a large dog runs on the grass", random.Random(0))
+    assert out != "a large dog runs on the grass" and len(out.split()) >= 6
+
+
+def test_perturbation_suite_and_paraphrase_cli(starter_bundle, shared_data, tmp_path, monkeypatch):
+    """The CLI end to end on a COCO-mini snapshot: perturbations lower recall; paraphrase report files."""
+    from index.builder import build_snapshot
+    from core.encoder import Encoder
+
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
+    snap = tmp_path / "snap"
+    build_snapshot(shared_data / "coco-mini/captions_val2017.json", Encoder(starter_bundle), snap, progress=False)
+    runner = CliRunner()
+    r = runner.invoke(app, ["eval", "perturb", "--snapshot", str(snap), "--bundle", str(starter_bundle),
+                            "--out", str(tmp_path / "perturb.json")])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "perturb.json").read_text())
+    assert report["clean"]["t2i_r10"] >= 65
+    assert report["keyboard"]["t2i_r1"] < report["clean"]["t2i_r1"]
+    assert 0 < report["keyboard"]["ao@10_vs_clean"] < 1
+    r = runner.invoke(app, ["eval", "paraphrase", "--pairs", str(shared_data / "paraphrase/cxc_dev_pairs.tsv"),
+                            "--snapshot", str(snap), "--bundle", str(starter_bundle), "--expansion", "wordnet:2",
+                            "--out", str(tmp_path / "para")])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "para/summary.json").read_text())
+    assert 0.3 < summary["plain"]["ao@10"] < 1 and summary["wordnet2"]["pairs"] == 445
+    lines = (tmp_path / "para/pairs.csv").read_text().splitlines()
+    assert len(lines) == 446 and "plain_ao@10" in lines[0] and "wordnet2_js@10" in lines[0]
+    r = runner.invoke(app, ["eval", "retrieval", "--snapshot", str(snap), "--bundle", str(starter_bundle)])
+    assert r.exit_code == 0 and json.loads(r.output)["t2i_r10"] == pytest.approx(74.5, abs=3)
+
+
+def test_compare_writes_table_and_plots(starter_bundle, tiny_clip, shared_data, tmp_path):
+    r = CliRunner().invoke(app, [
+        "eval", "compare", "--model", f"starter={starter_bundle}", "--model", f"tiny={tiny_clip[0]}",
+        "--images", str(shared_data / "coco-mini/captions_train2017.json"),
+        "--pairs", str(shared_data / "paraphrase/cxc_dev_pairs.tsv"), "--out", str(tmp_path / "cmp")])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "cmp/results.json").read_text())
+    assert [row["model"] for row in rows] == ["starter", "tiny"]
+    assert rows[0]["T2I R@10"] > rows[1]["T2I R@10"]  # a real encoder beats random weights
+    md = (tmp_path / "cmp/results.md").read_text()
+    assert md.startswith("| model |") and "AO@10" in md
+    for png in ("ao_distribution.png", "recall.png"):
+        assert (tmp_path / "cmp" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_errors_are_clear(tmp_path):
+    r = CliRunner().invoke(app, ["eval", "sts", "--file", str(tmp_path / "missing.csv"), "--bundle", str(tmp_path)])
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = CliRunner().invoke(app, ["eval", "compare", "--model", "nonsense"])
+    assert r.exit_code == 2 and "NAME=BUNDLE" in r.output

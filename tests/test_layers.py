@@ -1,0 +1,111 @@
+"""The package graph: every folder is one layer and imports only layers below it, and the serving
+path never imports torch. Checked statically over every import statement (function-local ones
+included, so a lazy import cannot hide an upward dependency) and dynamically in fresh interpreters."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# rank of each layer; equal ranks are siblings and must not import each other
+LAYERS = {"core": 0, "paraphrase": 1, "index": 2, "evaluation": 3, "service": 4, "training": 4, "loadtests": 5, "paraseek": 6}
+SERVING = ["core", "paraphrase", "index", "evaluation", "service"]
+
+
+def imported_layers(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & set(LAYERS)
+
+
+def layer_graph() -> dict[str, dict[str, list[str]]]:
+    """layer -> imported layer -> the modules that import it."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for layer in LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            for dep in imported_layers(path) - {layer}:
+                graph.setdefault(layer, {}).setdefault(dep, []).append(path.relative_to(ROOT).as_posix())
+    return graph
+
+
+def test_every_import_points_down():
+    upward = [
+        f"{module} ({layer}) imports {dep}"
+        for layer, deps in layer_graph().items()
+        for dep, modules in deps.items()
+        if LAYERS[dep] >= LAYERS[layer]
+        for module in modules
+    ]
+    assert not upward, "imports that do not point down:\n" + "\n".join(upward)
+
+
+def test_graph_checker_sees_function_local_imports(tmp_path):
+    """The checker must catch an upward import hidden inside a function (the pattern this test forbids)."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from service.main import create_app\n    return create_app\n")
+    assert imported_layers(module) == {"service"}
+
+
+def _modules(layer: str) -> list[str]:
+    out = []
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts[-1] in ("__main__", "locustfile"):  # scripts: importing them runs them
+            continue
+        out.append(".".join(parts))
+    return out
+
+
+def _imported_after(modules: list[str], env: dict | None = None, extra: str = "") -> set[str]:
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}:\n    importlib.import_module(m)\n{extra}\n"
+        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("layer", SERVING)
+def test_serving_layers_import_no_torch_and_nothing_above(layer):
+    loaded = _imported_after(_modules(layer))
+    above = {other for other, rank in LAYERS.items() if other != layer and rank >= LAYERS[layer]}
+    assert not loaded & above, f"{layer} pulled in {loaded & above}"
+    assert "torch" not in loaded, f"importing {layer} imported torch"
+
+
+def test_cli_and_training_entry_points_import_no_torch():
+    loaded = _imported_after(["paraseek.cli", "training", "training.cli", "training.embedded", "training.recipe"])
+    assert "torch" not in loaded
+
+
+def test_serve_startup_imports_no_torch(tmp_path, starter_bundle):
+    """`paraseek serve` with a prebuilt starter: the embedded default is resolved and the app built
+    without torch."""
+    import os
+
+    home = tmp_path / "home"
+    shutil.copytree(starter_bundle, home / "bundles" / "starter")
+    env = {**os.environ, "PARASEEK_HOME": str(home)}
+    extra = (
+        "from core.settings import Settings\nfrom training.embedded import ensure_embedded_default\n"
+        "from service.main import create_app\ns = Settings()\nensure_embedded_default(s, progress=False)\ncreate_app(s)"
+    )
+    loaded = _imported_after(["paraseek.cli"], env=env, extra=extra)
+    assert "torch" not in loaded
+    assert (home / "snapshots" / "demo" / "current").is_file()

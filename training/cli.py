@@ -1,0 +1,115 @@
+"""``paraseek models ...`` and ``paraseek train``: export, quantise and inspect bundles; train text
+towers from recipes. torch is imported inside the commands that export or train (lazily, because it
+is a heavy optional dependency), so ``paraseek models info`` and ``--help`` run without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from core.bundle import read_manifest
+from core.cli_support import console, user_errors
+from core.demo import demo_captions
+from core.errors import UserError
+from core.settings import Settings
+from training.export.quantize import quantize_text_tower  # onnxruntime only, no torch
+from training.recipe import list_recipes, load_recipe
+
+models_app = typer.Typer(help="Build, export, quantise and inspect model bundles.", no_args_is_help=True)
+
+
+def _quantize(out: Path, int8: bool) -> None:
+    if int8:
+        spec = quantize_text_tower(out, demo_captions())
+        console.print(f"int8 text tower: cosine vs fp32 mean {spec.cosine_vs_fp32_mean:.4f}, min {spec.cosine_vs_fp32_min:.4f}")
+
+
+@models_app.command("build-starter")
+@user_errors
+def build_starter_cmd(
+    out: Path = typer.Option(None, help="Bundle directory (default: $PARASEEK_HOME/bundles/starter)."),
+    int8: bool = typer.Option(True, help="Also write the int8 text tower."),
+):
+    """Build the offline starter dual encoder (MiniLM text + EfficientNet-Lite0 image) as a bundle."""
+    from training.export.starter import build_starter  # torch
+
+    out = out or Settings().starter_bundle_dir
+    manifest = build_starter(out, int8=int8)
+    console.print(f"starter bundle written to {out} (dim {manifest.embedding_dim}, image_space {manifest.image_space})")
+
+
+@models_app.command("export-openclip")
+@user_errors
+def export_openclip_cmd(
+    model: str = typer.Argument("", help="open_clip model name, e.g. ViT-B-32 (or empty with --model-config)."),
+    out: Path = typer.Option(..., help="Bundle directory to write."),
+    pretrained: Optional[str] = typer.Option(None, help="open_clip pretrained tag or a local checkpoint file."),
+    model_config: Optional[Path] = typer.Option(None, help="JSON architecture config (registered under its file stem)."),
+    image_space: Optional[str] = typer.Option(None, help="Override the image-space id (keep it for text-only fine-tunes)."),
+    no_image: bool = typer.Option(False, "--no-image", help="Export the text tower only."),
+    int8: bool = typer.Option(False, help="Also write an int8 text tower and report its agreement."),
+    name: Optional[str] = typer.Option(None),
+    version: str = typer.Option("1"),
+):
+    """Export an open_clip model (both towers) to a bundle."""
+    if not model and model_config is None:
+        raise UserError("give an open_clip model name or --model-config")
+    from training.export.openclip import export_open_clip  # torch
+
+    manifest = export_open_clip(
+        model, out, pretrained=pretrained, model_config=model_config, name=name, version=version,
+        image_space=image_space, include_image=not no_image,
+    )
+    _quantize(out, int8)
+    console.print(f"bundle {manifest.name} written to {out} (image_space {manifest.image_space})")
+
+
+@models_app.command("export-hf")
+@user_errors
+def export_hf_cmd(
+    model_dir: Path = typer.Argument(..., help="Local Hugging Face sentence-encoder directory."),
+    out: Path = typer.Option(..., help="Bundle directory to write."),
+    image_space: Optional[str] = typer.Option(None, help="Image-space id the encoder is aligned to."),
+    int8: bool = typer.Option(False, help="Also write an int8 text tower."),
+    name: Optional[str] = typer.Option(None),
+    version: str = typer.Option("1"),
+):
+    """Export a Hugging Face sentence encoder (mean pooling) to a text bundle."""
+    from training.export.hf_text import export_hf_text  # torch
+
+    manifest = export_hf_text(model_dir, out, name=name, version=version, image_space=image_space)
+    _quantize(out, int8)
+    console.print(f"bundle {manifest.name} written to {out}")
+
+
+@models_app.command("info")
+@user_errors
+def info_cmd(bundle: Path = typer.Argument(None, help="Bundle directory (default: the configured bundle).")):
+    """Verify a bundle's checksums and print its manifest."""
+    console.print_json(read_manifest(bundle or Settings().bundle_dir).model_dump_json())
+
+
+@user_errors
+def train_cmd(
+    recipe: str = typer.Argument(None, help="Recipe YAML file, or the name of a built-in recipe."),
+    set_: List[str] = typer.Option([], "--set", help="Override a field: train.lr=1e-5 (repeatable)."),
+    output: Optional[Path] = typer.Option(None, help="Run directory (default: the recipe's output or runs/<name>)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop after this many steps (resume later)."),
+    list_: bool = typer.Option(False, "--list", help="List the built-in recipes."),
+):
+    """Train a text encoder from a recipe; resumes from the run directory's checkpoint; exports a bundle.
+
+    Multi-GPU: torchrun --nproc-per-node N -m paraseek.cli train RECIPE
+    """
+    if list_ or recipe is None:
+        console.print("\n".join(list_recipes()))
+        return
+    spec = load_recipe(recipe, set_)  # validated before torch is imported
+    from training.trainer import train  # torch
+
+    result = train(spec, output, max_steps=max_steps)
+    console.print(f"{result.steps} steps, loss {result.first_loss:.4f} -> {result.last_loss:.4f}; run in {result.run_dir}")
+    if (result.bundle / "manifest.json").is_file():
+        console.print(f"bundle: {result.bundle}")

@@ -1,0 +1,6 @@
+"""Exporters from torch models to paraseek model bundles, and their quantisation.
+
+``openclip``: open_clip models (both towers); ``hf_text``: Hugging Face sentence encoders, optionally
+with trained alignment layers; ``starter``: the offline starter dual encoder. Each writes a bundle
+(``core.bundle``) that ``core.encoder.Encoder`` loads.
+"""

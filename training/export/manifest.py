@@ -1,0 +1,40 @@
+"""The one manifest writer of the exporters: every exporter (open_clip, Hugging Face text, starter,
+trained towers) describes what it wrote through ``write_export_manifest``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.bundle import BundleManifest, ImagePreprocess, TokenizerSpec, TowerSpec, write_manifest
+
+TEXT_FILE, IMAGE_FILE, TOKENIZER_FILE = "text.onnx", "image.onnx", "tokenizer.json"
+
+
+def write_export_manifest(
+    out_dir: str | Path,
+    *,
+    name: str,
+    version: str,
+    embedding_dim: int,
+    max_tokens: int,
+    image_space: str,
+    text_inputs: list[str],
+    cleaning: str,
+    image_preprocess: ImagePreprocess | None = None,
+    source: dict | None = None,
+) -> BundleManifest:
+    """``text.onnx`` + ``tokenizer.json`` (+ ``image.onnx`` when ``image_preprocess`` is given) in
+    ``out_dir`` -> a verified ``manifest.json`` with their sha256s."""
+    manifest = BundleManifest(
+        name=name,
+        version=version,
+        embedding_dim=embedding_dim,
+        max_tokens=max_tokens,
+        image_space=image_space,
+        text=TowerSpec(file=TEXT_FILE, input_names=text_inputs),
+        image=TowerSpec(file=IMAGE_FILE, input_names=["pixel_values"]) if image_preprocess else None,
+        image_preprocess=image_preprocess,
+        tokenizer=TokenizerSpec(file=TOKENIZER_FILE, cleaning=cleaning, pad_id=0),
+        source=source or {},
+    )
+    return write_manifest(out_dir, manifest)
