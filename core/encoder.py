@@ -74,7 +74,8 @@ class Encoder:
 
     ``precision="int8"`` runs the quantised text tower when the bundle has one. ``threads`` sets
     onnxruntime's intra-op threads (None: onnxruntime's default, all cores); ``spin=False`` lets idle
-    threads sleep (servers).
+    threads sleep (servers); ``memory_arena=False`` returns activation memory after each call
+    (servers, where a rare large batch such as a reindex would otherwise pin its peak).
     """
 
     def __init__(
@@ -87,12 +88,14 @@ class Encoder:
         verify: bool = True,
         load_image: bool = True,
         spin: bool = True,
+        memory_arena: bool = True,
     ):
         self.path = Path(bundle_dir)
         self.manifest: BundleManifest = read_manifest(self.path, verify=verify)
         self.providers = choose_providers(providers)
         self.threads = threads
         self.spin = spin
+        self.memory_arena = memory_arena
         m = self.manifest
         if precision not in ("fp32", "int8"):
             raise BundleError(f"precision must be 'fp32' or 'int8', not {precision!r}")
@@ -140,6 +143,9 @@ class Encoder:
             opts.intra_op_num_threads = int(self.threads)
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        if not self.memory_arena:
+            # servers: batch activations are freed after each call instead of kept at their peak
+            opts.enable_cpu_mem_arena = False
         if not self.spin:
             # idle intra-op threads sleep instead of spinning: in a server they would otherwise burn the
             # cores the event loop needs between encoder calls

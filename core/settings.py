@@ -41,8 +41,10 @@ class Settings(BaseSettings):
 
     # caches: Redis when a URL is given, else an in-process LRU
     redis_url: str | None = None
-    redis_timeout_s: float = Field(0.25, gt=0)
-    redis_retry_after_s: float = Field(5.0, ge=0, description="skip Redis this long after an error")
+    redis_timeout_s: float = Field(0.25, gt=0, description="per Redis command")
+    redis_connect_timeout_s: float = Field(0.25, gt=0, description="per new Redis connection")
+    redis_retry_after_s: float = Field(5.0, ge=0, description="after the breaker opens, probe Redis again this often")
+    redis_failures_to_open: int = Field(3, ge=1, description="consecutive timeouts before the cache is skipped")
     embedding_ttl_s: int = Field(7 * 24 * 3600, ge=1)
     result_ttl_s: int = Field(600, ge=1)
     lru_size: int = Field(10_000, ge=0)
@@ -55,6 +57,9 @@ class Settings(BaseSettings):
 
     # admin routes are disabled unless a token is set
     admin_token: SecretStr | None = None
+    jobs_dir: Path | None = Field(None, description="where admin job records are kept (default: HOME/jobs)")
+    snapshot_keep_versions: int = Field(5, ge=2, description="published versions kept after a reindex (current and "
+                                        "the one before it are always kept)")
     reindex_root: Path | None = Field(None, description="where reindex jobs may read sources (None: anywhere)")
 
     # paraphrase / expansion sources (service, CLI evaluation and training data generation alike)
@@ -87,6 +92,10 @@ class Settings(BaseSettings):
     @property
     def snapshot_root(self) -> Path:
         return self.snapshot or self.home / "snapshots" / "demo"
+
+    @property
+    def jobs_path(self) -> Path:
+        return self.jobs_dir or self.home / "jobs"
 
     @property
     def llm_cache_path(self) -> Path:

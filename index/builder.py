@@ -26,6 +26,7 @@ from index.snapshot import (
     Snapshot,
     SnapshotError,
     SnapshotManifest,
+    clean_stale_staging,
     new_version_name,
     publish,
     staging_dir,
@@ -202,6 +203,7 @@ def build_snapshot(
     src = source if isinstance(source, ImageSource) else open_source(source, image_root)
     root = Path(out_root)
     root.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(root)
     version = new_version_name(root)
     stage = staging_dir(root, version)
     try:
@@ -211,6 +213,7 @@ def build_snapshot(
             on_progress=on_progress,
         )
         seconds = time.perf_counter() - start
+        skipped = src.rejected + skipped
         if not kept:
             raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
         ids = np.array([r.id for r in kept], dtype=np.int64)

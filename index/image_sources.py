@@ -37,6 +37,33 @@ class ImageSource:
     records: list[ImageRecord]
     kind: str  # "folder" | "coco"
     annotations: Path | None = None
+    # files refused before decoding ({path, error}): links or names that lead outside ``root``
+    rejected: list[dict] = field(default_factory=list)
+
+
+OUTSIDE = "resolves outside the source folder (a symlink or '..' path); not indexed"
+
+
+def _inside(root: Path, relative: str) -> bool:
+    """Whether ``root/relative``, links resolved, stays inside ``root`` (a symlink or a '../' name
+    in a COCO file must not pull other files of the host into an index that the service serves)."""
+    try:
+        return (root / relative).resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def _confine(src: ImageSource, follow_symlinks: bool) -> ImageSource:
+    if follow_symlinks:
+        return src
+    kept = []
+    for rec in src.records:
+        if _inside(src.root, rec.path):
+            kept.append(rec)
+        else:
+            src.rejected.append({"path": rec.path, "error": OUTSIDE})
+    src.records = kept
+    return src
 
 
 def _folder(root: Path) -> ImageSource:
@@ -82,9 +109,12 @@ def _coco(annotations: Path, image_root: Path | None) -> ImageSource:
     return ImageSource(root=root, records=records, kind="coco", annotations=annotations)
 
 
-def open_source(source: str | Path, image_root: str | Path | None = None) -> ImageSource:
+def open_source(source: str | Path, image_root: str | Path | None = None, follow_symlinks: bool = False) -> ImageSource:
     """``source`` is an image folder, or a COCO JSON (images in ``image_root``, default: beside it,
-    or a folder next to it named like the split, e.g. ``val2017`` for ``captions_val2017.json``)."""
+    or a folder next to it named like the split, e.g. ``val2017`` for ``captions_val2017.json``).
+
+    Files whose real location is outside that folder are refused (listed in ``rejected``) unless
+    ``follow_symlinks``."""
     source = Path(source)
     if not source.exists():
         raise ImageSourceError(f"source {source} does not exist")
@@ -101,4 +131,7 @@ def open_source(source: str | Path, image_root: str | Path | None = None) -> Ima
         raise ImageSourceError(f"source {source} is neither an image folder nor a COCO .json file")
     if not src.records:
         raise ImageSourceError(f"source {source} contains no images")
+    src = _confine(src, follow_symlinks)
+    if not src.records:
+        raise ImageSourceError(f"source {source}: every file {OUTSIDE}")
     return src

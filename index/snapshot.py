@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -80,12 +82,65 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+STAGING_PREFIX = ".tmp-"
+OWNER = ".owner"  # {"pid", "host"} of the process writing a staging folder
+
+
 def staging_dir(root: Path, version: str) -> Path:
-    path = root / VERSIONS / f".tmp-{version}"
+    path = root / VERSIONS / f"{STAGING_PREFIX}{version}"
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
+    (path / OWNER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def clean_stale_staging(root: str | Path, max_age_s: float = 6 * 3600) -> list[str]:
+    """Remove staging folders a killed build left behind: those whose writer is no longer running on
+    this host, and any older than ``max_age_s`` (a writer on another host that never finished).
+    A build in progress keeps its folder. Returns the names removed."""
+    versions = Path(root) / VERSIONS
+    removed = []
+    for stage in sorted(versions.glob(f"{STAGING_PREFIX}*")) if versions.is_dir() else []:
+        try:
+            owner = json.loads((stage / OWNER).read_text())
+            mine = owner.get("host") == socket.gethostname()
+            stale = (mine and not _pid_alive(int(owner["pid"]))) or time.time() - stage.stat().st_mtime > max_age_s
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = True  # no readable owner: not written by a live build of this version
+        if stale:
+            shutil.rmtree(stage, ignore_errors=True)
+            removed.append(stage.name)
+    return removed
+
+
+def prune_versions(root: str | Path, keep: int) -> list[str]:
+    """Delete the oldest published versions beyond the newest ``keep``; never the current version or
+    the one before it (its parent, or the previous version), which a rollback needs."""
+    root = Path(root)
+    versions = sorted(p.name for p in (root / VERSIONS).iterdir() if p.is_dir() and not p.name.startswith("."))
+    current = current_version(root)
+    protected = {current}
+    if current in versions:
+        parent = read_snapshot_manifest(root / VERSIONS / current).parent
+        index = versions.index(current)
+        protected |= {parent, versions[index - 1] if index > 0 else None}
+    removed = []
+    for name in versions[: max(0, len(versions) - keep)]:
+        if name not in protected:
+            shutil.rmtree(root / VERSIONS / name, ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def write_snapshot_files(
@@ -103,6 +158,7 @@ def write_snapshot_files(
 def publish(root: Path, stage: Path, manifest: SnapshotManifest, activate: bool = True) -> tuple[Path, SnapshotManifest]:
     """Checksum, fsync and rename the staged version into place, then (``activate``) point
     ``current`` at it."""
+    (stage / OWNER).unlink(missing_ok=True)
     files = checksums(stage, FILES)
     manifest = manifest.model_copy(update={"files": files})
     (stage / MANIFEST).write_text(manifest.model_dump_json(indent=2))
@@ -240,7 +296,16 @@ class Snapshot:
         if row is None:
             return None
         root = Path(self.manifest.source.get("root", ""))
-        return root / row["path"]
+        recorded = Path(row["path"])
+        path = root / recorded
+        if not recorded.is_absolute():
+            # served files stay inside the indexed folder, even if a link was planted there later
+            try:
+                if not path.resolve().is_relative_to(root.resolve()):
+                    return None
+            except (OSError, RuntimeError, ValueError):
+                return None
+        return path
 
     def vectors(self) -> np.ndarray:
         return np.load(self.path / "vectors.npy", mmap_mode="r")

@@ -1,7 +1,11 @@
 """Query-embedding and result caches: Redis when configured, else an in-process LRU.
 
-Redis errors or timeouts never fail a request: the lookup counts as a miss, a warning is logged, a
-metric counts it, and Redis is skipped for ``retry_after_s`` so a dead server adds no latency.
+Redis errors or timeouts never fail a request: the lookup counts as a miss, a warning is logged and
+a metric counts it. A circuit breaker decides when to stop asking Redis: a refused connection opens it
+at once, timeouts only after several in a row (one slow call must not switch the cache off for every
+client). While open, one probe is let through every ``retry_after_s``; its success closes the breaker.
+The connection pool checks idle connections and retries a command once on a fresh connection, so a
+Redis restart costs no cache-less pause.
 """
 
 from __future__ import annotations
@@ -26,31 +30,76 @@ def params_key(params: dict) -> str:
     return hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()
 
 
+class CircuitBreaker:
+    """closed -> open after ``failures_to_open`` consecutive failures (or one refused connection);
+    open -> half-open after ``open_s``: exactly one probe call goes through; its success closes the
+    breaker, its failure opens it again."""
+
+    def __init__(self, failures_to_open: int = 3, open_s: float = 5.0, clock=time.monotonic):
+        self.failures_to_open = failures_to_open
+        self.open_s = open_s
+        self.clock = clock
+        self.state = "closed"
+        self.failures = 0
+        self._opened_at = 0.0
+
+    def allow(self) -> bool:
+        if self.state == "closed":
+            return True
+        if self.state == "open" and self.clock() - self._opened_at >= self.open_s:
+            self.state = "half-open"  # this caller is the probe; others wait for its verdict
+            return True
+        return False
+
+    def success(self) -> None:
+        self.state, self.failures = "closed", 0
+
+    def failure(self, refused: bool = False) -> bool:
+        """Record a failure; True when the breaker (re)opened."""
+        self.failures += 1
+        if refused or self.state == "half-open" or self.failures >= self.failures_to_open:
+            self.state, self._opened_at = "open", self.clock()
+            return True
+        return False
+
+
 class Cache:
-    def __init__(self, metrics, redis_url: str | None = None, *, timeout_s: float = 0.25, retry_after_s: float = 5.0,
-                 embedding_ttl_s: int = 604800, result_ttl_s: int = 600, lru_size: int = 10_000):
+    def __init__(self, metrics, redis_url: str | None = None, *, timeout_s: float = 0.25, connect_timeout_s: float = 0.25,
+                 retry_after_s: float = 5.0, failures_to_open: int = 3, embedding_ttl_s: int = 604800,
+                 result_ttl_s: int = 600, lru_size: int = 10_000):
         self.metrics = metrics
         self.embedding_ttl_s = embedding_ttl_s
         self.result_ttl_s = result_ttl_s
-        self.retry_after_s = retry_after_s
-        self._down_until = 0.0
+        self.breaker = CircuitBreaker(failures_to_open, retry_after_s)
         self._redis = None
         self._lru: LRUCache[str, bytes] | None = LRUCache(maxsize=max(lru_size, 1)) if lru_size else None
         if redis_url:
             import redis.asyncio as redis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
 
-            self._redis = redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                         retry_on_timeout=False)
+            self._redis = redis.from_url(
+                redis_url, socket_timeout=timeout_s, socket_connect_timeout=connect_timeout_s,
+                # a pooled connection that died with a Redis restart fails once, then the command is
+                # retried on a fresh connection; idle connections are checked before reuse
+                retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError], health_check_interval=30,
+            )
         self.backend = "redis" if self._redis else ("lru" if self._lru is not None else "off")
 
     # -- backend primitives ------------------------------------------------------------------
     def _redis_usable(self) -> bool:
-        return self._redis is not None and time.monotonic() >= self._down_until
+        return self._redis is not None and self.breaker.allow()
 
     def _redis_failed(self, exc: Exception) -> None:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
         self.metrics.cache_errors.inc()
-        self._down_until = time.monotonic() + self.retry_after_s
-        log.warning("redis unavailable, serving without cache for %.0fs: %s", self.retry_after_s, exc)
+        refused = isinstance(exc, (RedisConnectionError, ConnectionRefusedError))
+        if self.breaker.failure(refused=refused):
+            log.warning("redis unavailable, serving without cache; probing again in %.1fs: %s", self.breaker.open_s, exc)
+        else:
+            log.warning("redis call failed (%d in a row), still using the cache: %s", self.breaker.failures, exc)
 
     async def _get_many(self, keys: list[str]) -> list[bytes | None]:
         if self._redis is not None:
@@ -58,7 +107,9 @@ class Cache:
                 return [None] * len(keys)
             try:
                 # no decode_responses: Redis returns bytes
-                return list(await self._redis.mget(keys))  # type: ignore[arg-type]
+                values = list(await self._redis.mget(keys))
+                self.breaker.success()
+                return values  # type: ignore[return-value]
             except Exception as exc:  # redis.RedisError, timeouts, OSError: degrade, never 5xx
                 self._redis_failed(exc)
                 return [None] * len(keys)
@@ -77,6 +128,7 @@ class Cache:
                     for k, v in items.items():
                         pipe.set(k, v, ex=ttl)
                     await pipe.execute()
+                self.breaker.success()
             except Exception as exc:
                 self._redis_failed(exc)
             return

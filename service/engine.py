@@ -13,9 +13,10 @@ import numpy as np
 
 from core.encoder import Encoder, l2_normalize
 from core.errors import UserError
+from core.memory import limit_malloc_arenas, release_free_memory
 from core.rank_metrics import average_overlap, jaccard_at_k
 from core.settings import Settings
-from index.snapshot import Snapshot, SnapshotError, current_version
+from index.snapshot import Snapshot, SnapshotError, clean_stale_staging, current_version
 from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.factory import make_source
 from paraphrase.llm import LLMError
@@ -61,7 +62,7 @@ class Active:
 def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:
     """Every encoder the service runs (startup, reload, reindex) is built here from the settings."""
     return Encoder(bundle, precision=precision or settings.precision, threads=settings.encoder_threads,
-                   spin=settings.encoder_spin)
+                   spin=settings.encoder_spin, memory_arena=False)
 
 
 def load_snapshot(path, encoder: Encoder, settings: Settings) -> Snapshot:
@@ -117,7 +118,8 @@ class SearchEngine:
         self.active: Active | None = None
         self.cache = Cache(
             metrics, settings.redis_url, timeout_s=settings.redis_timeout_s,
-            retry_after_s=settings.redis_retry_after_s, embedding_ttl_s=settings.embedding_ttl_s,
+            connect_timeout_s=settings.redis_connect_timeout_s, retry_after_s=settings.redis_retry_after_s,
+            failures_to_open=settings.redis_failures_to_open, embedding_ttl_s=settings.embedding_ttl_s,
             result_ttl_s=settings.result_ttl_s, lru_size=settings.lru_size,
         )
         self.batcher = MicroBatcher(
@@ -130,16 +132,27 @@ class SearchEngine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        limit_malloc_arenas()
         await self.batcher.start()
+        removed = clean_stale_staging(self.settings.snapshot_root)
+        if removed:
+            log.warning("removed staging folders left by interrupted builds: %s", removed)
         try:
             self.swap(load_active(self.settings.bundle_dir, self.settings.snapshot_root, self.settings))
         except Exception as exc:  # serve /healthz and report not ready, rather than crash-looping
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            log.error("model or index not loaded: %s", self.load_error)
+            # clients see the kind of failure; the message, with server paths, goes to the log only
+            self.load_error = f"{type(exc).__name__} (see the server log)"
+            log.error("model or index not loaded: %s: %s", type(exc).__name__, exc)
         if self.settings.snapshot_poll_s > 0:
             self._watcher = asyncio.create_task(self._watch_snapshot(), name="snapshot-watcher")
-        # warm WordNet in the background so the first expansion request does not pay for it
+        # warm WordNet in the background so the first expansion request does not pay for it;
+        # /readyz says "warming up" until it is done
         self._preload = asyncio.create_task(asyncio.to_thread(self._preload_wordnet), name="preload-wordnet")
+
+    @property
+    def warm(self) -> bool:
+        preload = getattr(self, "_preload", None)
+        return preload is not None and preload.done()
 
     def _preload_wordnet(self) -> None:
         try:
@@ -173,9 +186,12 @@ class SearchEngine:
                 log.warning("snapshot %s not loaded: %s", root, exc)
 
     def swap(self, active: Active) -> None:
+        replaced = self.active is not None and self.active is not active
         self.active = active  # one reference assignment: atomic for concurrent requests
         self.load_error = None
         self.metrics.index_size.set(len(active.snapshot))
+        if replaced:
+            release_free_memory()  # the replaced encoder/index: back to the OS, not just to the heap
 
     @property
     def ready(self) -> bool:
@@ -368,7 +384,9 @@ class SearchEngine:
                                             js=jaccard_at_k(qlist, plist, kc)))
         mean_ao = float(np.mean([r.ao for r in reports]))
         threshold = self.settings.consistency_threshold
-        return ConsistencyReport(k=kc, paraphrases=reports, mean_ao=mean_ao,
+        c = req.consistency
+        requested = len(c.paraphrases) if c.paraphrases else (c.auto or 0)
+        return ConsistencyReport(k=kc, requested=requested, produced=len(reports), paraphrases=reports, mean_ao=mean_ao,
                                  mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
                                  threshold=threshold)
 

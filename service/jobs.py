@@ -1,17 +1,24 @@
-"""Admin jobs (reindex) run on a background thread; the event loop keeps answering queries."""
+"""Admin jobs (reindex) run on a background thread; the event loop keeps answering queries.
+
+Each job's record is also a JSON file (``Settings.jobs_path``), written atomically at every change, so
+a restarted service still answers for its jobs: one that was queued or running when the process died
+is reported as failed ("interrupted")."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from pathlib import Path
 
+from core.memory import release_free_memory
 from index.builder import build_snapshot
 from index.faiss_index import IndexSpec
-from index.snapshot import activate_version
+from index.snapshot import activate_version, prune_versions
 from service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
 from service.schemas import Job, ReindexRequest
 
@@ -22,13 +29,47 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+INTERRUPTED = "interrupted: the service stopped before the job finished"
+
+
 class JobManager:
-    def __init__(self, engine: SearchEngine, max_jobs: int = 100):
+    def __init__(self, engine: SearchEngine, max_jobs: int = 100, store: Path | None = None):
         self.engine = engine
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reindex")  # one build at a time
         self.max_jobs = max_jobs
+        self.store = store
+        if store is not None:
+            self._load()
+
+    # -- records on disk -------------------------------------------------------------------------
+    def _load(self) -> None:
+        assert self.store is not None
+        self.store.mkdir(parents=True, exist_ok=True)
+        records = []
+        for path in self.store.glob("*.json"):
+            try:
+                records.append(Job.model_validate_json(path.read_text()))
+            except (OSError, ValueError) as exc:
+                log.warning("job record %s unreadable, ignored: %s", path.name, exc)
+        for job in sorted(records, key=lambda j: j.created_at):
+            if job.state in ("queued", "running"):
+                job = job.model_copy(update={"state": "failed", "finished_at": _now(), "error": INTERRUPTED})
+                self._write(job)
+            self.jobs[job.id] = job
+
+    def _write(self, job: Job) -> None:
+        if self.store is None:
+            return
+        tmp = self.store / f".{job.id}.json.tmp"
+        tmp.write_text(job.model_dump_json())
+        os.replace(tmp, self.store / f"{job.id}.json")
+
+    def _forget(self, job_id: str) -> None:
+        del self.jobs[job_id]
+        if self.store is not None:
+            (self.store / f"{job_id}.json").unlink(missing_ok=True)
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -36,14 +77,16 @@ class JobManager:
     def _update(self, job_id: str, **changes) -> None:
         with self._lock:
             self.jobs[job_id] = self.jobs[job_id].model_copy(update=changes)
+            self._write(self.jobs[job_id])
 
     def submit_reindex(self, req: ReindexRequest) -> Job:
         job = Job(id=uuid.uuid4().hex, kind="reindex", state="queued", created_at=_now())
         with self._lock:
             if len(self.jobs) >= self.max_jobs:  # forget the oldest finished jobs
                 for old in [j.id for j in self.jobs.values() if j.state in ("succeeded", "failed")][: len(self.jobs) // 2]:
-                    del self.jobs[old]
+                    self._forget(old)
             self.jobs[job.id] = job
+            self._write(job)
         self._executor.submit(self._reindex, job.id, req)
         return job
 
@@ -69,6 +112,9 @@ class JobManager:
             validate_snapshot(active)
             activate_version(settings.snapshot_root, result.manifest.version)
             engine.swap(active)
+            pruned = prune_versions(settings.snapshot_root, settings.snapshot_keep_versions)
+            if pruned:
+                log.info("pruned old snapshot versions %s", pruned)
             engine.metrics.reindex.labels("succeeded").inc()
             report = (result.version_dir / "report.json").read_text()
             self._update(job_id, state="succeeded", finished_at=_now(), report=json.loads(report),
@@ -78,6 +124,8 @@ class JobManager:
             engine.metrics.reindex.labels("failed").inc()
             self._update(job_id, state="failed", finished_at=_now(), error=f"{type(exc).__name__}: {exc}")
             log.warning("reindex %s failed, still serving the previous snapshot: %s", job_id, exc)
+        finally:
+            release_free_memory()  # decoding threads and batch activations of the build
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

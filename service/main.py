@@ -8,8 +8,10 @@ import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core import __version__
 from core.settings import Settings
@@ -86,7 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = ServiceMetrics()
     engine = SearchEngine(settings, metrics)
-    jobs = JobManager(engine)
+    jobs = JobManager(engine, store=settings.jobs_path)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -130,6 +132,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(EmptyTextError)
     async def empty_text(_: Request, exc: EmptyTextError):
         return _error(422, ["body", "query"], str(exc), "value_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI answers a body it cannot parse (JSON nested past the parser's depth, broken
+        # encodings) with a bare 400; name the body like every other validation error
+        if exc.status_code == 400 and str(exc.detail).startswith("There was an error parsing the body"):
+            return _error(400, ["body"], "the request body could not be parsed as JSON (malformed or nested too deeply)",
+                          "body_invalid")
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):

@@ -2,42 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import unicodedata
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, model_validator
 
 
-class Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _not_blank(v: str | None) -> str | None:
-    if v is not None and not v.strip():
-        raise ValueError("must not be empty or whitespace")
+# characters that show nothing: controls (NUL included), format (zero-width, BOM), separators,
+# surrogates, private use and unassigned code points
+_INVISIBLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"}
+
+
+def _search_text(v: str) -> str:
+    """Every text field of a search: encodable as UTF-8 and with at least one visible character."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"is not valid Unicode text (a lone surrogate at position {exc.start})") from None
+    if all(unicodedata.category(ch) in _INVISIBLE for ch in v):
+        raise ValueError("must contain visible text (not only whitespace, control or zero-width characters)")
     return v
 
 
-class Expansion(Strict):
+def _server_path(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain a NUL character")
+    return v
+
+
+SearchText = Annotated[str, AfterValidator(_search_text)]
+ServerPath = Annotated[str, AfterValidator(_server_path)]
+
+
+class Expansion(StrictModel):
     method: Literal["wordnet", "ppdb", "generator", "llm"]
-    n: int = Field(3, ge=1, le=16)
+    n: StrictInt = Field(3, ge=1, le=16)
     fusion: Literal["mean", "rrf"] = Field(
         "mean", description="mean: mean of normalised embeddings (Cheng et al. eq. 5); rrf: reciprocal-rank fusion"
     )
 
 
-class Consistency(Strict):
-    paraphrases: list[str] | None = Field(None, min_length=1, max_length=16)
-    auto: int | None = Field(None, ge=1, le=16, description="generate this many paraphrases")
+class Consistency(StrictModel):
+    paraphrases: list[SearchText] | None = Field(None, min_length=1, max_length=16)
+    auto: StrictInt | None = Field(None, ge=1, le=16, description="generate this many paraphrases")
     method: Literal["wordnet", "ppdb", "generator", "llm"] = "wordnet"
-    k: int = Field(10, ge=1, le=1000)
-
-    @field_validator("paraphrases")
-    @classmethod
-    def _each_not_blank(cls, v):
-        for i, p in enumerate(v or []):
-            if not p.strip():
-                raise ValueError(f"paraphrase {i} is empty or whitespace")
-        return v
+    k: StrictInt = Field(10, ge=1, le=1000)
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -46,21 +59,20 @@ class Consistency(Strict):
         return self
 
 
-class Term(Strict):
-    text: str = Field(min_length=1)
-    weight: float = Field(1.0, ge=-10, le=10)
-
-    _check = field_validator("text")(_not_blank)
+class Term(StrictModel):
+    text: SearchText = Field(min_length=1)
+    weight: Annotated[float, Strict()] = Field(1.0, ge=-10, le=10)
 
 
-class SearchRequest(Strict):
-    query: str | None = Field(None, min_length=1)
-    k: int = Field(10, ge=1, le=1000)
+class SearchRequest(BaseModel):
+    # "query or terms" (or both), stated in the schema as well as checked below
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [{"required": ["query"]}, {"required": ["terms"]}]})
+
+    query: SearchText | None = Field(None, min_length=1)
+    k: StrictInt = Field(10, ge=1, le=1000)
     expansion: Expansion | None = None
     consistency: Consistency | None = None
     terms: list[Term] | None = Field(None, min_length=1, max_length=16)
-
-    _check = field_validator("query")(_not_blank)
 
     @model_validator(mode="after")
     def _has_text(self):
@@ -71,7 +83,7 @@ class SearchRequest(Strict):
         return self
 
 
-class BatchSearchRequest(Strict):
+class BatchSearchRequest(StrictModel):
     requests: list[SearchRequest] = Field(min_length=1)
 
 
@@ -100,6 +112,8 @@ class ParaphraseReport(BaseModel):
 
 class ConsistencyReport(BaseModel):
     k: int
+    requested: int = Field(description="paraphrases asked for (given, or `auto`)")
+    produced: int = Field(description="paraphrases compared; fewer than requested when the source ran out")
     paraphrases: list[ParaphraseReport]
     mean_ao: float
     mean_js: float
@@ -129,16 +143,16 @@ class BatchSearchResponse(BaseModel):
     responses: list[SearchResponse]
 
 
-class ReindexRequest(Strict):
-    source: str = Field(min_length=1, description="image folder or COCO JSON, on the server")
-    images: str | None = Field(None, description="image folder of a COCO JSON")
-    bundle: str | None = Field(None, description="bundle directory (default: the serving bundle)")
+class ReindexRequest(StrictModel):
+    source: ServerPath = Field(min_length=1, description="image folder or COCO JSON, on the server")
+    images: ServerPath | None = Field(None, description="image folder of a COCO JSON")
+    bundle: ServerPath | None = Field(None, description="bundle directory (default: the serving bundle)")
     index_type: Literal["auto", "flat", "hnsw", "ivf_flat", "ivf_pq"] = "auto"
     index_params: dict = Field(default_factory=dict)
 
 
-class ReloadRequest(Strict):
-    bundle: str = Field(min_length=1)
+class ReloadRequest(StrictModel):
+    bundle: ServerPath = Field(min_length=1)
     precision: Literal["fp32", "int8"] = "fp32"
 
 
@@ -152,3 +166,25 @@ class Job(BaseModel):
     report: dict | None = None
     error: str | None = None
     snapshot_version: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int] = Field(description="where the problem is, e.g. ['body', 'query']")
+    msg: str
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    detail: list[ErrorDetail] | str
+
+
+def error_responses(*statuses: int) -> dict:
+    """OpenAPI ``responses`` for the error statuses a route can answer."""
+    text = {
+        400: "the body could not be parsed, or a paraphrase source is not configured",
+        401: "missing bearer token", 403: "wrong token, or a path outside the allowed roots",
+        404: "not found (or admin routes disabled)", 409: "the bundle does not fit the serving snapshot",
+        413: "request body too large", 422: "invalid field (``loc`` names it)",
+        502: "a paraphrase source failed", 503: "not ready: no model or index loaded",
+    }
+    return {s: {"model": ErrorResponse, "description": text[s]} for s in statuses}

@@ -10,32 +10,51 @@ from core.settings import Settings
 from service.deps import get_engine, get_jobs, get_settings, require_admin
 from service.engine import Active, RequestError, SearchEngine, load_encoder
 from service.jobs import JobManager
-from service.schemas import Job, ReindexRequest, ReloadRequest
+from service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
 
-def _allowed(path: str, field: str, settings: Settings) -> None:
+def allowed_roots(kind: str, settings: Settings, engine: SearchEngine) -> list[Path]:
+    """Where admin requests may read from. ``PARASEEK_REINDEX_ROOT`` when set; else image sources
+    only under the serving snapshot's own source folder, and bundles only beside the serving bundle."""
     if settings.reindex_root is not None:
-        root = Path(settings.reindex_root).resolve()
-        if not Path(path).resolve().is_relative_to(root):
-            raise RequestError(field, f"{field} must be under {root}", status=403)
-    if not Path(path).exists():
-        raise RequestError(field, f"{path} does not exist on the server")
+        return [settings.reindex_root]
+    if kind == "bundle":
+        return [settings.bundle_dir.parent]
+    active = engine.active
+    root = active.snapshot.manifest.source.get("root") if active is not None else None
+    return [Path(root)] if root else []
 
 
-@router.post("/reindex", response_model=Job, status_code=202)
-async def reindex(req: ReindexRequest, jobs: JobManager = Depends(get_jobs), settings: Settings = Depends(get_settings)):
+def check_path(value: str, field: str, roots: list[Path]) -> None:
+    """403 for anything outside the roots (symlinks resolved), the same answer whether it exists or
+    not; 422 for a missing path inside them. Messages never echo server paths."""
+    try:
+        resolved = Path(value).resolve()
+        inside = any(resolved.is_relative_to(root.resolve()) for root in roots)
+    except (OSError, ValueError, RuntimeError):  # NUL bytes, symlink loops: never a 500
+        inside = False
+    if not inside:
+        raise RequestError(field, f"{field} is not under an allowed root (PARASEEK_REINDEX_ROOT)", status=403)
+    if not resolved.exists():
+        raise RequestError(field, f"{field} does not exist under the allowed root")
+
+
+@router.post("/reindex", response_model=Job, status_code=202, responses=error_responses(400, 401, 403, 404, 413, 422, 503))
+async def reindex(req: ReindexRequest, jobs: JobManager = Depends(get_jobs), settings: Settings = Depends(get_settings),
+                  engine: SearchEngine = Depends(get_engine)):
     """Start a background build; the service swaps to it once it is built and validated."""
-    _allowed(req.source, "source", settings)
+    sources = allowed_roots("source", settings, engine)
+    check_path(req.source, "source", sources)
     if req.images:
-        _allowed(req.images, "images", settings)
+        check_path(req.images, "images", sources)
     if req.bundle:
-        _allowed(req.bundle, "bundle", settings)
+        check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine))
     return jobs.submit_reindex(req)
 
 
-@router.get("/jobs/{job_id}", response_model=Job)
+@router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(401, 403, 404))
 async def job(job_id: str, jobs: JobManager = Depends(get_jobs)):
     found = jobs.get(job_id)
     if found is None:
@@ -43,10 +62,10 @@ async def job(job_id: str, jobs: JobManager = Depends(get_jobs)):
     return found
 
 
-@router.post("/reload")
+@router.post("/reload", responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503))
 async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)):
     """Serve another bundle over the same snapshot (its image_space must match)."""
-    _allowed(req.bundle, "bundle", settings)
+    check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine))
     active = engine.require_active()
     try:
         encoder = await asyncio.to_thread(load_encoder, req.bundle, settings, req.precision)

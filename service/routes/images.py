@@ -1,19 +1,28 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, HTTPException
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from service.deps import get_engine
 from service.engine import SearchEngine
+from service.schemas import error_responses
 
 router = APIRouter(prefix="/v1", tags=["images"])
 
 
-@router.get("/images/{image_id}", response_class=FileResponse)
-async def get_image(image_id: int, engine: SearchEngine = Depends(get_engine)):
+# ids are plain decimal digits: int() alone would also take "+377575" or "3_7_7_5_7_5"
+ImageId = Annotated[str, PathParam(pattern=r"^[0-9]{1,19}$", description="image id (decimal digits)")]
+
+
+@router.get("/images/{image_id}", response_class=FileResponse,
+            responses={200: {"content": {"image/*": {}}, "description": "the image file"}, **error_responses(404, 422, 503)})
+async def get_image(image_id: ImageId, engine: SearchEngine = Depends(get_engine)):
     """The image file of an indexed id."""
     snap = engine.require_active().snapshot
-    path = snap.image_path(image_id)
+    path = snap.image_path(int(image_id))
     if path is None:
         raise HTTPException(404, f"no image with id {image_id} in snapshot {snap.version}")
     if not path.is_file():

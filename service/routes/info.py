@@ -1,16 +1,17 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.deps import get_engine
 from service.engine import SearchEngine
+from service.schemas import error_responses
 
 router = APIRouter(tags=["info"])
 
 
-@router.get("/v1/info")
+@router.get("/v1/info", responses=error_responses(503))
 async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
     """Bundle, snapshot, index type, vector count and recall of what is serving."""
     active = engine.require_active()
@@ -31,16 +32,20 @@ async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "not ready: loading, warming up, or the model/index failed to load"}})
 async def readyz(engine: SearchEngine = Depends(get_engine)):
-    """Readiness: a model and an index are loaded."""
+    """Readiness means warm: a model and an index are loaded and every preload that serving depends
+    on (WordNet for expansion and consistency) has finished."""
     active = engine.active
-    if active is not None:
-        return {"status": "ready", "snapshot": active.snapshot.version}
-    return JSONResponse({"status": "not ready", "error": engine.load_error}, status_code=503)
+    if active is None:
+        return JSONResponse({"status": "not ready", "error": engine.load_error}, status_code=503)
+    if not engine.warm:
+        return JSONResponse({"status": "warming up", "error": None}, status_code=503)
+    return {"status": "ready", "snapshot": active.snapshot.version}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format"}})
 async def metrics(engine: SearchEngine = Depends(get_engine)) -> Response:
     """Prometheus metrics."""
     return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)

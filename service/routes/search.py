@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Response
 from core.settings import Settings
 from service.deps import get_engine, get_settings
 from service.engine import RequestError, SearchEngine
-from service.schemas import BatchSearchRequest, BatchSearchResponse, SearchRequest, SearchResponse
+from service.schemas import BatchSearchRequest, BatchSearchResponse, SearchRequest, SearchResponse, error_responses
 
 router = APIRouter(prefix="/v1", tags=["search"])
 
@@ -19,13 +19,15 @@ def _json(body) -> Response:
 
 # The engine builds the body from SearchResponse already; returning it as a Response skips FastAPI's
 # second validation pass (response_model stays for the OpenAPI schema).
-@router.post("/search", response_model=SearchResponse, response_model_exclude_none=True)
+@router.post("/search", response_model=SearchResponse, response_model_exclude_none=True,
+             responses=error_responses(400, 413, 422, 502, 503))
 async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)):
     """Text-to-image search, with optional query expansion, consistency report and weighted terms."""
     return _json(await engine.search(req))
 
 
-@router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True)
+@router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True,
+             responses=error_responses(400, 413, 422, 502, 503))
 async def search_batch(
     req: BatchSearchRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)
 ):

@@ -177,3 +177,47 @@ def test_tiny_open_clip_bundle_indexes(tiny_clip, shared_data, tmp_path):
     snap = Snapshot.load(tmp_path, image_space=enc.image_space)
     hits = snap.search(enc.encode_text(["a cat"]), 5)[0]
     assert len(hits) == 5 and len({h.id for h in hits}) == 5
+
+
+def test_stale_staging_folders_are_cleaned_but_live_ones_kept(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from index.snapshot import OWNER, clean_stale_staging, staging_dir
+
+    root = tmp_path / "snap"
+    live = staging_dir(root, "v0003-live")  # owned by this (running) process
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    dead = staging_dir(root, "v0002-dead")
+    owner = json.loads((dead / OWNER).read_text())
+    (dead / OWNER).write_text(json.dumps({**owner, "pid": int(dead_pid)}))
+    orphan = root / "versions" / ".tmp-v0001-no-owner"
+    orphan.mkdir()
+    old_foreign = staging_dir(root, "v0004-other-host")
+    (old_foreign / OWNER).write_text(json.dumps({"pid": os.getpid(), "host": "another-host"}))
+    os.utime(old_foreign, (0, 0))
+    removed = clean_stale_staging(root)
+    assert sorted(removed) == [".tmp-v0001-no-owner", ".tmp-v0002-dead", ".tmp-v0004-other-host"]
+    assert live.is_dir() and not dead.exists() and not orphan.exists()
+
+
+def test_prune_keeps_newest_current_and_the_one_before(starter_encoder, tmp_path, shared_data):
+    from index.builder import build_snapshot, update_snapshot
+    from index.snapshot import activate_version, current_version, prune_versions
+
+    root = tmp_path / "snap"
+    build_snapshot(shared_data / "coco-mini/captions_train2017.json", starter_encoder, root, progress=False)
+    ids = Snapshot.load(root).ids.tolist()
+    for i in range(5):
+        update_snapshot(root, starter_encoder, remove=[ids[i]], progress=False)
+    versions = sorted(p.name for p in (root / "versions").iterdir())
+    assert len(versions) == 6
+    activate_version(root, versions[2])  # rolled back to an old one
+    removed = prune_versions(root, keep=2)
+    kept = sorted(p.name for p in (root / "versions").iterdir())
+    # newest two, plus the current version and the one before it
+    assert kept == sorted({versions[1], versions[2], versions[4], versions[5]})
+    assert sorted(removed) == sorted({versions[0], versions[3]})
+    assert current_version(root) == versions[2] and Snapshot.load(root).version == versions[2]

@@ -48,7 +48,7 @@ def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path):
 
     def make(**overrides) -> Settings:
         base = dict(bundle=starter_bundle, snapshot=demo_snapshot, admin_token=ADMIN_TOKEN, log_json=False,
-                    llm_cache=tmp_path / "llm-cache.jsonl")
+                    llm_cache=tmp_path / "llm-cache.jsonl", home=tmp_path / "home")
         base.update(overrides)
         return Settings(**base)
 
@@ -65,26 +65,42 @@ def client(make_settings):
 
 @pytest.fixture()
 def redis_server(tmp_path):
-    """A real redis-server on loopback; the test may kill it (``proc``)."""
+    """A real redis-server on loopback; the test may kill it (``proc``) and start it again on the
+    same port (``restart()``)."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.fail("redis-server is not installed (README install step)")
     port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.05)
-    yield {"url": f"redis://127.0.0.1:{port}/0", "proc": proc}
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    server: dict = {"url": f"redis://127.0.0.1:{port}/0", "port": port}
+
+    def start():
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+             "--enable-debug-command", "local"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        server["proc"] = proc
+        return proc
+
+    def restart():
+        if server["proc"].poll() is None:
+            server["proc"].kill()
+            server["proc"].wait()
+        return start()
+
+    start()
+    server["restart"] = restart
+    yield server
+    if server["proc"].poll() is None:
+        server["proc"].kill()
+        server["proc"].wait()
 
 
 @pytest.fixture()
@@ -96,7 +112,8 @@ def uvicorn_server(starter_bundle, shared_data, tmp_path):
         port = free_port()
         full_env = {**os.environ, "PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(snapshot),
                     "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_LOG_JSON": "true",
-                    "NLTK_DATA": str(shared_data / "nltk_data"), **{k: str(v) for k, v in env.items()}}
+                    "NLTK_DATA": str(shared_data / "nltk_data"), "PARASEEK_HOME": str(tmp_path / "home"),
+                    **{k: str(v) for k, v in env.items()}}
         proc = subprocess.Popen(
             [sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)],
             env=full_env, stdout=open(tmp_path / f"server-{port}.log", "w"), stderr=subprocess.STDOUT,
@@ -115,6 +132,7 @@ def uvicorn_server(starter_bundle, shared_data, tmp_path):
             time.sleep(0.2)
         pytest.fail("server did not become ready")
 
+    start.procs = procs  # type: ignore[attr-defined]  # tests that kill a server
     yield start
     for proc in procs:
         proc.send_signal(signal.SIGTERM)

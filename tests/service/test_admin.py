@@ -36,7 +36,7 @@ def test_admin_requires_the_token(client, headers, status):
 
 
 def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data):
-    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=shared_data))) as c:
         before = c.get("/v1/info").json()["snapshot"]
         r = c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json"),
                                               "index_type": "hnsw"}, headers=AUTH)
@@ -55,7 +55,7 @@ def test_failed_reindex_keeps_old_snapshot(make_settings, snapshot_copy, tmp_pat
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "a.jpg").write_text("not an image")
-    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=tmp_path))) as c:
         before = c.get("/v1/info").json()["snapshot"]["version"]
         job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(junk)}, headers=AUTH).json()["id"])
         assert job["state"] == "failed" and "could be decoded" in job["error"]
@@ -72,7 +72,12 @@ def test_reindex_root_confines_sources(make_settings, snapshot_copy, tmp_path):
         assert r.status_code == 403 and r.json()["detail"][0]["loc"] == ["body", "source"]
 
 
-def test_reload_checks_image_space(client, tiny_clip, starter_bundle):
+def test_reload_checks_image_space(make_settings, tiny_clip, starter_bundle, tmp_path_factory):
+    with TestClient(create_app(make_settings(reindex_root=tmp_path_factory.getbasetemp()))) as client:
+        _reload_checks(client, tiny_clip, starter_bundle)
+
+
+def _reload_checks(client, tiny_clip, starter_bundle):
     r = client.post("/v1/admin/reload", json={"bundle": str(tiny_clip[0])}, headers=AUTH)
     assert r.status_code == 409 and "reindex" in r.json()["detail"][0]["msg"]
     r = client.post("/v1/admin/reload", json={"bundle": str(starter_bundle), "precision": "int8"}, headers=AUTH)
@@ -126,3 +131,52 @@ def test_reload_builds_its_encoder_from_the_same_settings(make_settings, starter
         assert r.status_code == 200, r.text
         enc = engine.active.encoder
         assert enc.precision == "int8" and enc.spin is True and enc.threads == 1
+
+
+def test_default_roots_refuse_host_files_alike(client, tmp_path):
+    """Without PARASEEK_REINDEX_ROOT, sources must lie under the serving snapshot's own source folder:
+    anything else is 403, and a path that exists answers exactly like one that does not."""
+    existing = client.post("/v1/admin/reindex", json={"source": "/etc"}, headers=AUTH)
+    missing = client.post("/v1/admin/reindex", json={"source": "/etc-does-not-exist"}, headers=AUTH)
+    assert existing.status_code == missing.status_code == 403
+    assert existing.json() == missing.json() and existing.json()["detail"][0]["loc"] == ["body", "source"]
+    assert "/etc" not in existing.text
+    bundle = client.post("/v1/admin/reload", json={"bundle": str(tmp_path)}, headers=AUTH)
+    assert bundle.status_code == 403 and bundle.json()["detail"][0]["loc"] == ["body", "bundle"]
+
+
+@pytest.mark.parametrize("route, body, field", [
+    ("/v1/admin/reindex", {"source": "/etc\x00x"}, "source"),
+    ("/v1/admin/reindex", {"source": "x", "images": "a\x00"}, "images"),
+    ("/v1/admin/reload", {"bundle": "a\x00"}, "bundle"),
+])
+def test_nul_bytes_in_admin_paths_are_422(make_settings, tmp_path, route, body, field):
+    with TestClient(create_app(make_settings(reindex_root=tmp_path))) as c:
+        r = c.post(route, json=body, headers=AUTH)  # JSON carries the NUL as \u0000
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", field]
+
+
+def test_symlink_out_of_the_root_is_not_indexed_or_served(make_settings, snapshot_copy, tmp_path, shared_data):
+    """Inside the reindex root, a file symlink pointing outside is skipped and reported, never served."""
+    root = tmp_path / "root"
+    root.mkdir()
+    photos = sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))
+    import shutil
+
+    shutil.copy(photos[0], root / "inside.jpg")
+    outside = tmp_path / "secret.jpg"
+    shutil.copy(photos[1], outside)
+    (root / "link.jpg").symlink_to(outside)
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()["id"])
+        assert job["state"] == "succeeded", job
+        assert job["report"]["indexed"] == 1
+        assert [s["path"] for s in job["report"]["skipped"]] == ["link.jpg"]
+        assert "outside" in job["report"]["skipped"][0]["error"]
+        assert c.get("/v1/info").json()["snapshot"]["count"] == 1
+        # a symlink planted after indexing is not followed when serving either
+        (root / "inside.jpg").unlink()
+        (root / "inside.jpg").symlink_to(outside)
+        only = c.post("/v1/search", json={"query": "a photo", "k": 1}).json()["results"][0]["id"]
+        assert c.get(f"/v1/images/{only}").status_code == 404

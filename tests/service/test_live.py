@@ -30,7 +30,7 @@ def test_redis_cache_and_redis_killed_mid_run(uvicorn_server, demo_snapshot, red
 
 
 def test_reindex_swap_under_concurrent_queries(uvicorn_server, snapshot_copy, shared_data):
-    url = uvicorn_server(snapshot_copy)
+    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data)
     failures, answered, versions = [], [0], set()
     stop = threading.Event()
 
@@ -80,3 +80,29 @@ def test_structured_logs_carry_request_ids(uvicorn_server, demo_snapshot, tmp_pa
     lines = [json.loads(line) for log in tmp_path.glob("server-*.log") for line in log.read_text().splitlines()
              if line.startswith("{")]
     assert any(entry.get("request_id") == "req-123" and entry.get("route") == "/v1/search" for entry in lines)
+
+
+def test_kill_9_during_reindex_leaves_nothing_behind(uvicorn_server, snapshot_copy, shared_data):
+    """A server killed mid-build: on restart the staging folder is gone, the old version still serves,
+    and the job is reported as failed (interrupted) instead of being forgotten."""
+    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data)
+    before = (snapshot_copy / "current").read_text().strip()
+    with httpx.Client(base_url=url, timeout=30) as c:
+        job_id = c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json")},
+                        headers=AUTH).json()["id"]
+        deadline = time.time() + 60
+        while time.time() < deadline and not list((snapshot_copy / "versions").glob(".tmp-*")):
+            time.sleep(0.05)
+        assert list((snapshot_copy / "versions").glob(".tmp-*")), "the build never started"
+    proc = uvicorn_server.procs[-1]
+    proc.kill()  # SIGKILL: no cleanup code runs
+    proc.wait()
+    assert list((snapshot_copy / "versions").glob(".tmp-*"))  # left behind by the kill
+
+    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data)
+    assert not list((snapshot_copy / "versions").glob(".tmp-*"))
+    assert (snapshot_copy / "current").read_text().strip() == before
+    with httpx.Client(base_url=url, timeout=30) as c:
+        job = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH)
+        assert job.status_code == 200 and job.json()["state"] == "failed" and "interrupted" in job.json()["error"]
+        assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == before

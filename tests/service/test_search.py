@@ -1,6 +1,7 @@
 """POST /v1/search and friends, in-process."""
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
@@ -182,7 +183,13 @@ def test_images_info_health_metrics(client):
     assert client.get("/v1/images/42").status_code == 404
     info = client.get("/v1/info").json()
     assert info["snapshot"]["count"] == 76 and info["bundle"]["name"] == "paraseek-starter"
-    assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+    assert client.get("/healthz").status_code == 200
+    deadline = time.time() + 60  # ready once the WordNet preload is done
+    while client.get("/readyz").status_code != 200 and time.time() < deadline:
+        time.sleep(0.05)
+    assert client.get("/readyz").status_code == 200
+    for bad in ("+377575", "3_7_7_5_7_5", "-1", "1e3", "99999999999999999999"):
+        assert client.get(f"/v1/images/{bad}").status_code == 422  # ids are plain decimal digits
     metrics = client.get("/metrics").text
     for name in ("paraseek_requests_total", "paraseek_request_seconds_bucket", "paraseek_stage_seconds_bucket",
                  "paraseek_cache_total", "paraseek_encoder_batch_texts_bucket", "paraseek_index_vectors 76.0"):
@@ -272,3 +279,80 @@ def test_streamed_body_over_the_limit_is_413(make_settings):
         assert r.status_code == 413 and r.json()["detail"][0]["loc"] == ["body"]
         small = c.post("/v1/search", content=iter([b'{"query": "a dog"}']), headers={"content-type": "application/json"})
         assert small.status_code == 200
+
+
+@pytest.mark.parametrize("body, loc", [
+    ({"query": "a dog"}, None),
+    ({"query": "\u200b\u200c\u200d\ufeff"}, ["body", "query"]),
+    ({"query": "\u0000"}, ["body", "query"]),
+    ({"query": " \t\u00a0\u2028 "}, ["body", "query"]),
+    ({"terms": [{"text": "\u200b"}]}, ["body", "terms", 0, "text"]),
+    ({"query": "a dog", "consistency": {"paraphrases": ["a \udc00 dog"]}}, ["body", "consistency", "paraphrases", 0]),
+    ({"query": "a dog", "consistency": {"paraphrases": ["a puppy", "\u0000\u0001"]}}, ["body", "consistency", "paraphrases", 1]),
+    ({"query": "a \udc00 dog"}, ["body", "query"]),
+])
+def test_every_text_field_is_validated_the_same_way(client, body, loc):
+    import json
+
+    # ensure_ascii keeps lone surrogates as \udc00 escapes, as a hostile client would send them
+    r = client.post("/v1/search", content=json.dumps(body), headers={"content-type": "application/json"})
+    if loc is None:
+        assert r.status_code == 200
+        return
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == loc
+    batch = client.post("/v1/search/batch", content=json.dumps({"requests": [body]}), headers={"content-type": "application/json"})
+    assert batch.status_code == 422 and batch.json()["detail"][0]["loc"] == ["body", "requests", 0, *loc[1:]]
+
+
+def test_deeply_nested_json_is_a_4xx_naming_the_body(client):
+    body = '{"query": "a dog", "k": ' + "[" * 5000 + "]" * 5000 + "}"
+    r = client.post("/v1/search", content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500 and r.json()["detail"][0]["loc"][0] == "body"
+
+
+def test_consistency_reports_requested_and_produced(client):
+    r = client.post("/v1/search", json={"query": "a man riding a horse", "consistency": {"auto": 16, "method": "wordnet"}})
+    rep = r.json()["consistency"]
+    assert rep["requested"] == 16 and rep["produced"] == len(rep["paraphrases"]) <= 16
+    r = client.post("/v1/search", json={"query": "a dog", "consistency": {"paraphrases": ["a puppy", "a hound"]}})
+    assert r.json()["consistency"]["requested"] == r.json()["consistency"]["produced"] == 2
+
+
+def test_not_ready_answers_without_server_paths(make_settings, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    with TestClient(create_app(make_settings(snapshot=tmp_path / "secret-location"))) as c:
+        for r in (c.get("/readyz"), c.post("/v1/search", json={"query": "a dog"})):
+            assert r.status_code == 503
+            assert "secret-location" not in r.text and str(tmp_path) not in r.text
+
+
+def test_ready_means_warm(make_settings, monkeypatch):
+    """/readyz answers 503 "warming up" until the WordNet preload has finished, then 200."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from service.engine import SearchEngine
+    from service.main import create_app
+
+    release = threading.Event()
+    original = SearchEngine._preload_wordnet
+
+    def slow_preload(self):
+        release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(SearchEngine, "_preload_wordnet", slow_preload)
+    with TestClient(create_app(make_settings())) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["status"] == "warming up"
+        assert c.post("/v1/search", json={"query": "a dog"}).status_code == 200  # plain search is not held up
+        release.set()
+        deadline = time.time() + 30
+        while c.get("/readyz").status_code != 200 and time.time() < deadline:
+            time.sleep(0.05)
+        assert c.get("/readyz").json()["status"] == "ready"

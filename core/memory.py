@@ -1,0 +1,40 @@
+"""Giving freed memory back to the operating system (long-running servers).
+
+A reload or reindex frees a whole encoder or index, and a reindex's decoding threads and batch
+activations free hundreds of MB; glibc keeps freed blocks in per-thread arenas, so the process's RSS
+keeps its peak unless asked to trim. Linux/glibc only; elsewhere these are no-ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+
+log = logging.getLogger(__name__)
+M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
+
+
+def _libc():
+    try:
+        name = ctypes.util.find_library("c")
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def limit_malloc_arenas(count: int = 2) -> bool:
+    """Cap glibc's malloc arenas (default 8 per core): threads that come and go (decoding, to_thread)
+    then share a few arenas instead of each keeping its own free memory."""
+    libc = _libc()
+    return bool(libc and libc.mallopt(M_ARENA_MAX, count))
+
+
+def release_free_memory() -> None:
+    """Collect garbage cycles, then return free heap pages to the OS."""
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

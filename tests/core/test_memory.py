@@ -1,0 +1,44 @@
+"""Memory release helpers and the server's encoder settings."""
+
+import sys
+
+import numpy as np
+
+from core.encoder import Encoder
+from core.memory import limit_malloc_arenas, release_free_memory
+
+
+def test_release_returns_freed_heap_to_the_os():
+    if not sys.platform.startswith("linux"):
+        return
+    assert limit_malloc_arenas(2) is True
+
+    def rss_mb() -> float:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    before = rss_mb()
+    # many small blocks (below the mmap threshold) stay in the heap after free unless trimmed
+    blocks = [bytearray(64 * 1024) for _ in range(4000)]
+    for b in blocks:
+        b[0] = 1
+    grown = rss_mb()
+    del blocks, b
+    release_free_memory()
+    after = rss_mb()
+    assert grown - before > 150 and after - before < (grown - before) / 2
+
+
+def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_path):
+    from core.settings import Settings
+    from service.engine import load_encoder
+
+    enc = load_encoder(starter_bundle, Settings(home=tmp_path))
+    assert enc.memory_arena is False
+    assert enc._text_session.get_session_options().enable_cpu_mem_arena is False
+    assert Encoder(starter_bundle, load_image=False)._text_session.get_session_options().enable_cpu_mem_arena is True
+    # same numbers either way
+    texts = ["a dog on a beach", "two people riding bikes"]
+    assert np.allclose(enc.encode_text(texts), Encoder(starter_bundle, load_image=False).encode_text(texts), atol=1e-6)

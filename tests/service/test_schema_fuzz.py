@@ -1,0 +1,80 @@
+"""Schemathesis over the service's own OpenAPI schema, in process, bounded: with and without the
+admin token, no input may produce a 5xx, and every response must match the documented schema
+(status codes, bodies, content types, headers).
+
+Not checked: that every schema-valid request is accepted. Some rules are cross-field ("paraphrases"
+or "auto", "expansion" needs "query") or about Unicode categories, which JSON Schema cannot state
+exactly; the service rejects those with a 422 naming the field."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from core.net import free_port
+from tests.service.conftest import ADMIN_TOKEN
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(starter_bundle, demo_snapshot, tmp_path_factory, shared_data):
+    """``paraseek serve`` on loopback, as the fuzzing in the issue ran it."""
+    home = tmp_path_factory.mktemp("fuzz-home")
+    # the reindex root is an empty folder: fuzzed admin calls can never start a real build
+    root = tmp_path_factory.mktemp("fuzz-root")
+    port = free_port()
+    env = {**os.environ, "PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(demo_snapshot),
+           "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_HOME": str(home), "PARASEEK_REINDEX_ROOT": str(root),
+           "PARASEEK_LOG_JSON": "false", "NLTK_DATA": str(shared_data / "nltk_data")}
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail(f"server not ready: {(home / 'server.log').read_text()[-2000:]}")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_server):
+    return schemathesis.openapi.from_url(fuzz_server + "/openapi.json")
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+
+
+@schema.parametrize()
+@FUZZ
+def test_no_5xx_and_schema_conformance_anonymous(case):
+    response = case.call()
+    assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
+    case.validate_response(response, excluded_checks=[positive_data_acceptance])
+
+
+@schema.include(path_regex="^/v1/admin").parametrize()
+@FUZZ
+def test_no_5xx_and_schema_conformance_with_admin_token(case):
+    response = case.call(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
+    case.validate_response(response, excluded_checks=[positive_data_acceptance])
