@@ -14,39 +14,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from core.net import free_port
 from core.settings import Settings
 from loadtests.queries import caption_groups
+from loadtests.server import start_server
 from training.embedded import ensure_embedded_default
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def start_server(home: Path, port: int, **env) -> subprocess.Popen:
-    full = {**os.environ, "PARASEEK_HOME": str(home), "PARASEEK_LOG_JSON": "false",
-            **{k: str(v) for k, v in env.items()}}
-    proc = subprocess.Popen([sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)], env=full,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server did not start")
+def start_paraseek(home: Path, **env) -> tuple[subprocess.Popen, str]:
+    return start_server({"PARASEEK_HOME": str(home), "PARASEEK_LOG_JSON": "false", **{k: str(v) for k, v in env.items()}})
 
 
 async def drive(url: str, make_body, concurrency: int, seconds: float) -> dict:
@@ -92,8 +78,7 @@ def main(argv=None) -> int:
     servers = {}
     try:
         for name, batching in (("batching", "true"), ("no-batching", "false")):
-            port = free_port()
-            servers[name] = (start_server(home, port, PARASEEK_BATCHING=batching), f"http://127.0.0.1:{port}")
+            servers[name] = start_paraseek(home, PARASEEK_BATCHING=batching)
 
         def plain(i):
             g = groups[i % len(groups)]

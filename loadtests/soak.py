@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from core.demo import CAPTIONS_FILE, GALLERY_DIR
 from core.net import free_port
 from core.settings import Settings
 from loadtests.queries import caption_groups
+from loadtests.server import start_server
 from training.embedded import ensure_embedded_default
 
 TOKEN = "soak-admin-token"
@@ -38,18 +37,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def wait_ready(url: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen:
@@ -154,19 +141,16 @@ def main(argv=None) -> int:
     shutil.copytree(bundle, sources / "bundle")  # reloads read it from under the reindex root
     snap = work / "snapshot"
     shutil.copytree(snapshot, snap)
-    redis_port, port = free_port(), free_port()
+    redis_port = free_port()
     state: dict = {"redis": start_redis(redis_port, work), "events": []}
-    env = {**os.environ, "PARASEEK_HOME": str(home), "PARASEEK_BUNDLE": str(bundle), "PARASEEK_SNAPSHOT": str(snap),
+    env = {"PARASEEK_HOME": str(home), "PARASEEK_BUNDLE": str(bundle), "PARASEEK_SNAPSHOT": str(snap),
            "PARASEEK_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "PARASEEK_ADMIN_TOKEN": TOKEN,
            "PARASEEK_REINDEX_ROOT": str(sources), "PARASEEK_LOG_JSON": "false", "PARASEEK_REDIS_RETRY_AFTER_S": "1"}
     if args.nltk_data:
         env["NLTK_DATA"] = str(args.nltk_data)
-    server = subprocess.Popen([sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)], env=env,
-                              stdout=open(work / "server.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_server(env, log=work / "server.log")
     groups = caption_groups(None, min_size=3)
     try:
-        wait_ready(url)
         # warm-up: the same load and one cycle of every fault, so first-time allocations (a second
         # set of encoder sessions, the first reindex) are in the baseline and growth means a leak
         warm: dict[str, Any] = {"latencies": [], "requests": 0, "failures": 0, "5xx": 0}

@@ -9,17 +9,16 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from core.net import free_port
+from loadtests.server import ServerNotReady, start_server
 from index.demo import build_demo_snapshot
 
 ADMIN_TOKEN = "s3cret-admin-token"
@@ -110,27 +109,16 @@ def uvicorn_server(starter_bundle, shared_data, tmp_path):
 
     def start(snapshot: Path, **env) -> str:
         port = free_port()
-        full_env = {**os.environ, "PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(snapshot),
-                    "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_LOG_JSON": "true",
-                    "NLTK_DATA": str(shared_data / "nltk_data"), "PARASEEK_HOME": str(tmp_path / "home"),
-                    **{k: str(v) for k, v in env.items()}}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)],
-            env=full_env, stdout=open(tmp_path / f"server-{port}.log", "w"), stderr=subprocess.STDOUT,
-        )
+        server_env = {"PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(snapshot),
+                      "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_LOG_JSON": "true",
+                      "NLTK_DATA": str(shared_data / "nltk_data"), "PARASEEK_HOME": str(tmp_path / "home"),
+                      **{k: str(v) for k, v in env.items()}}
+        try:
+            proc, url = start_server(server_env, log=tmp_path / f"server-{port}.log", port=port, timeout=60)
+        except ServerNotReady as exc:
+            pytest.fail(str(exc))
         procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {(tmp_path / f'server-{port}.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        pytest.fail("server did not become ready")
+        return url
 
     start.procs = procs  # type: ignore[attr-defined]  # tests that kill a server
     yield start

@@ -8,19 +8,14 @@ exactly; the service rejects those with a 422 naming the field."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from core.net import free_port
+from loadtests.server import start_server
 from tests.service.conftest import ADMIN_TOKEN
 
 
@@ -30,25 +25,10 @@ def fuzz_server(starter_bundle, demo_snapshot, tmp_path_factory, shared_data):
     home = tmp_path_factory.mktemp("fuzz-home")
     # the reindex root is an empty folder: fuzzed admin calls can never start a real build
     root = tmp_path_factory.mktemp("fuzz-root")
-    port = free_port()
-    env = {**os.environ, "PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(demo_snapshot),
+    env = {"PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(demo_snapshot),
            "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_HOME": str(home), "PARASEEK_REINDEX_ROOT": str(root),
            "PARASEEK_LOG_JSON": "false", "NLTK_DATA": str(shared_data / "nltk_data")}
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    else:
-        proc.kill()
-        pytest.fail(f"server not ready: {(home / 'server.log').read_text()[-2000:]}")
+    proc, url = start_server(env, log=home / "server.log")
     yield url
     proc.send_signal(signal.SIGTERM)
     proc.wait(10)

@@ -1,0 +1,50 @@
+"""Start ``paraseek serve`` as a subprocess on loopback and wait until it is ready (warm): shared by
+the benchmarks, the soak run and the tests that need a real server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from core.net import free_port
+
+
+class ServerNotReady(RuntimeError):
+    pass
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 120, log: Path | None = None) -> None:
+    """Poll ``/readyz`` until 200; fail early if the process exits."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            break
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    tail = log.read_text()[-2000:] if log is not None and log.is_file() else ""
+    raise ServerNotReady(f"{url} did not become ready{' (the server exited)' if proc and proc.poll() is not None else ''}: {tail}")
+
+
+def start_server(env: dict[str, str], log: Path | None = None, port: int | None = None,
+                 timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """(process, url) of a ready server with ``PARASEEK_*`` settings from ``env`` (added to ours)."""
+    port = port or free_port()
+    out = open(log, "w") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)],
+                            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, timeout, log)
+    except ServerNotReady:
+        proc.kill()
+        raise
+    return proc, url
