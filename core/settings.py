@@ -62,6 +62,11 @@ class Settings(BaseSettings):
                                         "the one before it are always kept)")
     reindex_root: Path | None = Field(None, description="where reindex jobs may read sources (None: anywhere)")
 
+    # query expansion applied when a request names none (JSON of the request's `expansion`, e.g.
+    # {"method": "bank", "n": 30}); a request opts out with {"method": "none"}
+    default_expansion: str | None = None
+    caption_bank: Path | None = Field(None, description="caption bank folder (default: the bundle's bank under HOME)")
+
     # paraphrase / expansion sources (service, CLI evaluation and training data generation alike)
     ppdb_path: Path | None = None
     llm_base_url: str | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import numpy as np
 import typer
@@ -15,6 +15,7 @@ from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
 from evaluation.data import read_pairs, read_sts
+from evaluation.expansion import parse_expansion
 from evaluation.paraphrase import evaluate_pairs, write_pairs_csv
 from evaluation.retrieval import cross_modal_recall
 from evaluation.sts import evaluate_sts
@@ -25,20 +26,6 @@ from paraphrase import ParaphraseSourceUnavailable
 from paraphrase.factory import make_source
 
 app = typer.Typer(help="Evaluate bundles: paraphrase consistency, retrieval, STS, perturbations.", no_args_is_help=True)
-
-
-def expander(spec: Optional[str], ppdb: Optional[Path]) -> tuple[str, Callable[[str], list[str]]] | None:
-    """'wordnet:3' / 'ppdb:2' -> (label, text -> expansions)."""
-    if not spec:
-        return None
-    method, _, n_text = spec.partition(":")
-    if method not in ("wordnet", "ppdb"):
-        raise UserError(f"--expansion {spec!r}: method must be wordnet or ppdb (LLM expansion runs through the service)")
-    if n_text and not n_text.isdigit():
-        raise UserError(f"--expansion {spec!r}: N must be a positive integer")
-    n = int(n_text or 3)
-    source = make_source(method, Settings(), ppdb_path=ppdb)
-    return f"{method}{n}", lambda text: source.paraphrases(text, n)
 
 
 def _load_pair(bundle: Path | None, snapshot: Path | None) -> tuple[Encoder, Snapshot]:
@@ -53,17 +40,19 @@ def paraphrase_cmd(
     snapshot: Optional[Path] = typer.Option(None, help="Snapshot root (default: the demo)."),
     bundle: Optional[Path] = typer.Option(None),
     k: int = typer.Option(10, "--k", "-k", min=1, max=1000),
-    expansion: Optional[str] = typer.Option(None, help="Also evaluate with query expansion: wordnet:N or ppdb:N."),
+    expansion: List[str] = typer.Option([], help="Also evaluate with query expansion (repeatable): wordnet:N[:MIN_COS], "
+                                        "ppdb:N[:MIN_COS], bank:N[:mean|weighted], prf:M[:ALPHA:BETA]."),
     ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
+    bank: Optional[Path] = typer.Option(None, help="Caption bank folder (default: the bundle's bank under $PARASEEK_HOME)."),
     out: Optional[Path] = typer.Option(None, help="Folder for per-pair CSV and summary JSON."),
 ):
     """AO@k and JS@k between the top-k lists of each query and its paraphrase."""
     text_pairs = read_pairs(pairs)
     enc, snap = _load_pair(bundle, snapshot)
     results = [evaluate_pairs(enc, snap, text_pairs, k=k)]
-    exp = expander(expansion, ppdb)
-    if exp:
-        results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp[1], label=exp[0]))
+    for spec in expansion:
+        exp = parse_expansion(spec, enc, snap, Settings(), ppdb, bank)
+        results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp.expand, label=exp.label))
     summary = {r.label: r.summary() for r in results}
     if out:
         write_pairs_csv(out / "pairs.csv", text_pairs, results)
@@ -138,9 +127,14 @@ def compare_cmd(
     images: Optional[Path] = typer.Option(None, help="COCO captions JSON to index models given without a snapshot."),
     image_root: Optional[Path] = typer.Option(None, help="Image folder of --images."),
     k: int = typer.Option(10, "--k", "-k", min=1, max=1000),
+    expansion: List[str] = typer.Option([], help="Also evaluate each model with these expansions (repeatable, as in "
+                                        "`eval paraphrase`)."),
+    ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
+    bank: Optional[Path] = typer.Option(None, help="Caption bank folder (default: each bundle's bank under $PARASEEK_HOME)."),
 ):
-    """The suite over several bundles: a Markdown/JSON table (rows = models) plus PNG plots."""
+    """The suite over several bundles and expansions: a Markdown/JSON table (rows = model + expansion) plus PNG plots."""
     rows = compare([parse_model(m) for m in model], out, pairs=read_pairs(pairs) if pairs else None,
-                   sts=read_sts(sts) if sts else None, images=images, image_root=image_root, k=k)
+                   sts=read_sts(sts) if sts else None, images=images, image_root=image_root, k=k,
+                   expansions=expansion, settings=Settings(), ppdb=ppdb, bank=bank)
     console.print((out / "results.md").read_text())
     console.print(f"written to {out} ({len(rows)} models)")

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
-from core.encoder import Encoder, l2_normalize
+from core.encoder import Encoder
 from core.rank_metrics import average_overlap, jaccard_at_k
 
 
@@ -30,27 +29,24 @@ class ParaphraseResult:
             f"ao@{self.k}_p10": q(self.ao, 10), f"ao@{self.k}_median": q(self.ao, 50), f"ao@{self.k}_p90": q(self.ao, 90),
             f"js@{self.k}_median": q(self.js, 50),
             "identical_top1": float(np.mean([a[:1] == b[:1] for a, b in self.lists])) if self.lists else None,
+            "distinct_images": distinct_images(self.lists),
         }
 
 
-def expanded_embeddings(encoder: Encoder, texts: Sequence[str], expand: Callable[[str], list[str]],
-                        progress: bool = True) -> np.ndarray:
-    """Cheng et al. eq. 5: mean of the normalised embeddings of each text and its expansions."""
-    out = np.empty((len(texts), encoder.dim), np.float32)
-    for i, text in enumerate(tqdm(texts, desc="expanding", disable=not progress)):
-        out[i] = l2_normalize(encoder.encode_text([text, *expand(text)]).mean(axis=0))
-    return out
+def distinct_images(lists: Sequence[tuple[list[int], list[int]]]) -> int:
+    """The collapse guard: how many different images appear in all the top-k lists together
+    (stability bought by returning the same few images for every query is not robustness)."""
+    return len({i for a, b in lists for i in (*a, *b)})
 
 
 def evaluate_pairs(encoder: Encoder, snapshot, pairs: Sequence[tuple[str, str]], k: int = 10,
-                   expand: Callable[[str], list[str]] | None = None, label: str = "plain",
+                   expand: Callable[[list[str], np.ndarray], np.ndarray] | None = None, label: str = "plain",
                    progress: bool = True) -> ParaphraseResult:
+    """``expand`` maps (texts, their embeddings) to expanded query vectors (``evaluation.expansion``)."""
     a_texts, b_texts = [a for a, _ in pairs], [b for _, b in pairs]
-    if expand is None:
-        qa, qb = encoder.encode_text(a_texts), encoder.encode_text(b_texts)
-    else:
-        qa = expanded_embeddings(encoder, a_texts, expand, progress)
-        qb = expanded_embeddings(encoder, b_texts, expand, progress)
+    qa, qb = encoder.encode_text(a_texts), encoder.encode_text(b_texts)
+    if expand is not None:
+        qa, qb = expand(a_texts, qa), expand(b_texts, qb)
     _, ia = snapshot.search_ids(qa, k)
     _, ib = snapshot.search_ids(qb, k)
     lists = [([int(x) for x in ra if x >= 0], [int(x) for x in rb if x >= 0]) for ra, rb in zip(ia, ib)]

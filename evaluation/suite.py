@@ -13,6 +13,7 @@ from tqdm import tqdm
 from core.encoder import Encoder
 from core.errors import UserError
 from core.rank_metrics import average_overlap
+from evaluation.expansion import parse_expansion
 from evaluation.paraphrase import evaluate_pairs
 from evaluation.perturb import perturb_all, perturbations
 from evaluation.retrieval import cross_modal_recall
@@ -37,9 +38,13 @@ def snapshot_captions(snapshot) -> tuple[list[str], list[int]]:
     return texts, ids
 
 
-def retrieval_on_snapshot(encoder: Encoder, snapshot) -> dict[str, float]:
+def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None) -> dict[str, float]:
+    """Retrieval with the snapshot's own captions as queries (expanded by ``expand`` when given)."""
     texts, ids = snapshot_captions(snapshot)
-    return cross_modal_recall(np.asarray(snapshot.vectors()), snapshot.ids, encoder.encode_text(texts), ids)
+    queries = encoder.encode_text(texts)
+    if expand is not None:
+        queries = expand(texts, queries)
+    return cross_modal_recall(np.asarray(snapshot.vectors()), snapshot.ids, queries, ids)
 
 
 def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: int = 0, k: int = 10,
@@ -85,8 +90,10 @@ def parse_model(spec: str) -> Model:
 
 
 def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=None, image_root=None,
-            k: int = 10, progress: bool = True) -> list[dict]:
-    """One row of metrics per model; writes results.json, results.md and PNG plots into ``out``."""
+            k: int = 10, progress: bool = True, expansions: Sequence[str] = (), settings=None, ppdb=None,
+            bank=None) -> list[dict]:
+    """One row of metrics per model and expansion (plain first); writes results.json, results.md and
+    PNG plots into ``out``."""
 
     out.mkdir(parents=True, exist_ok=True)
     rows, ao_distributions = [], {}
@@ -99,21 +106,26 @@ def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=
             snap_path = out / "snapshots" / m.name
             build_snapshot(images, enc, snap_path, image_root=image_root, progress=progress)
         snap = Snapshot.load(snap_path, image_space=enc.image_space)
-        row: dict = {"model": m.name, "bundle": f"{enc.name} v{enc.version}", "images": len(snap)}
-        if pairs:
-            res = evaluate_pairs(enc, snap, pairs, k=k, progress=progress)
-            row[f"AO@{k}"], row[f"JS@{k}"] = float(res.ao.mean()), float(res.js.mean())
-            ao_distributions[m.name] = res.ao
-        try:
-            r = retrieval_on_snapshot(enc, snap)
-            row.update({"T2I R@1": r["t2i_r1"], "T2I R@5": r["t2i_r5"], "T2I R@10": r["t2i_r10"],
-                        "I2T R@1": r["i2t_r1"], "I2T R@5": r["i2t_r5"], "I2T R@10": r["i2t_r10"], "RSUM": r["rsum"]})
-        except NoCaptionsError:
-            pass  # a snapshot without captions: no retrieval columns
-        if sts:
-            s = evaluate_sts(enc, sts)
-            row["STS Spearman"], row["STS Pearson"] = s["spearman"], s["pearson"]
-        rows.append(row)
+        sts_row = evaluate_sts(enc, sts) if sts else None
+        for spec in (None, *expansions):
+            exp = parse_expansion(spec, enc, snap, settings, ppdb, bank) if spec else None
+            name = m.name if exp is None else f"{m.name} + {exp.label}"
+            row: dict = {"model": name, "bundle": f"{enc.name} v{enc.version}", "images": len(snap)}
+            if pairs:
+                res = evaluate_pairs(enc, snap, pairs, k=k, progress=progress, expand=exp.expand if exp else None)
+                row[f"AO@{k}"], row[f"JS@{k}"] = float(res.ao.mean()), float(res.js.mean())
+                row[f"distinct images in top-{k}"] = res.summary()["distinct_images"]
+                ao_distributions[name] = res.ao
+            try:
+                r = retrieval_on_snapshot(enc, snap, exp.expand if exp else None)
+                row.update({"T2I R@1": r["t2i_r1"], "T2I R@5": r["t2i_r5"], "T2I R@10": r["t2i_r10"]})
+                if exp is None:  # image-to-text and RSUM do not depend on query expansion
+                    row.update({"I2T R@1": r["i2t_r1"], "I2T R@5": r["i2t_r5"], "I2T R@10": r["i2t_r10"], "RSUM": r["rsum"]})
+            except NoCaptionsError:
+                pass  # a snapshot without captions: no retrieval columns
+            if sts_row:
+                row["STS Spearman"], row["STS Pearson"] = sts_row["spearman"], sts_row["pearson"]
+            rows.append(row)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     (out / "results.md").write_text(markdown_table(rows))
     plot_results(rows, ao_distributions, out, k)

@@ -309,3 +309,10 @@ class Snapshot:
 
     def vectors(self) -> np.ndarray:
         return np.load(self.path / "vectors.npy", mmap_mode="r")
+
+    def vectors_of(self, image_ids) -> np.ndarray:
+        """The stored (exact) vectors of these image ids, in their order."""
+        if getattr(self, "_rows", None) is None:
+            self._rows = {int(i): r for r, i in enumerate(self.ids)}
+            self._vectors = self.vectors()
+        return np.asarray(self._vectors[[self._rows[int(i)] for i in image_ids]], np.float32)

@@ -21,7 +21,7 @@ from index.snapshot import Snapshot
 from loadtests.cli import app as bench_app
 from service.main import run as run_service
 from training.cli import models_app, train_cmd
-from training.embedded import ensure_embedded_default
+from training.embedded import ensure_embedded_default, with_default_expansion
 
 app = typer.Typer(help="paraseek: text-to-image search whose answers stay the same when a user rephrases the query.",
                   no_args_is_help=True, add_completion=False)
@@ -54,6 +54,7 @@ def serve_cmd(
     settings = Settings()
     if settings.embedded_default:
         ensure_embedded_default(settings)
+        settings = with_default_expansion(settings)
     run_service(host=host, port=port, settings=settings)
 
 
@@ -68,7 +69,7 @@ def demo_cmd(
 
     Builds the starter bundle and the demo index on first use (about a minute), then answers.
     """
-    bundle, snap_root = ensure_embedded_default(Settings(), rebuild)
+    bundle, snap_root = ensure_embedded_default(Settings(), rebuild, with_bank=False)
     enc = Encoder(bundle, threads=1)
     snap = Snapshot.load(snap_root, image_space=enc.image_space, threads=1)
     queries = queries or DEMO_QUERIES

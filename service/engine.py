@@ -14,17 +14,21 @@ import numpy as np
 from core.encoder import Encoder, l2_normalize
 from core.errors import UserError
 from core.memory import limit_malloc_arenas, release_free_memory
+from core.query_vectors import mean_fusion, rocchio, weighted_fusion
 from core.rank_metrics import average_overlap, jaccard_at_k
 from core.settings import Settings
 from index.snapshot import Snapshot, SnapshotError, clean_stale_staging, current_version
 from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
+from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
 from paraphrase.factory import make_source
 from paraphrase.llm import LLMError
 from service.batcher import MicroBatcher
 from service.cache import Cache, params_key
 from service.prometheus import ServiceMetrics
 from service.schemas import (
+    TEXT_EXPANSIONS,
     ConsistencyReport,
+    Expansion,
     ParaphraseReport,
     Result,
     SearchRequest,
@@ -127,6 +131,9 @@ class SearchEngine:
             enabled=settings.batching, on_batch=metrics.batch_size.observe,
         )
         self._sources: dict[str, ParaphraseSource] = {}
+        self._banks: dict[str, CaptionBank] = {}
+        self.default_expansion = (Expansion.model_validate_json(settings.default_expansion)
+                                  if settings.default_expansion else None)
         self._sources_lock = threading.Lock()
         self.load_error: str | None = None
 
@@ -159,6 +166,12 @@ class SearchEngine:
             self.paraphrase_source("wordnet", "expansion.method")
         except RequestError:
             pass  # not installed: requests that ask for it get a 400
+        active = self.active
+        if active is not None and self.default_expansion is not None and self.default_expansion.method == "bank":
+            try:
+                self.caption_bank(active)
+            except RequestError as exc:
+                log.warning("default expansion 'bank' unavailable: %s", exc)
 
     async def stop(self) -> None:
         if getattr(self, "_watcher", None) is not None:
@@ -257,6 +270,49 @@ class SearchEngine:
             licence=row.get("license"),
         )
 
+    def effective_expansion(self, req: SearchRequest) -> SearchRequest:
+        """The request with the server's default expansion applied when it names none; an explicit
+        ``{"method": "none"}`` opts out."""
+        if req.expansion is not None:
+            return req if req.expansion.method != "none" else req.model_copy(update={"expansion": None})
+        if self.default_expansion is None or req.query is None or req.terms:
+            return req
+        return req.model_copy(update={"expansion": self.default_expansion})
+
+    def caption_bank(self, active: Active) -> CaptionBank:
+        """The bank of the serving bundle: ``PARASEEK_CAPTION_BANK``, else the bundle's default bank
+        under PARASEEK_HOME; 400 when there is none."""
+        with self._sources_lock:
+            bank = self._banks.get(active.model_id)
+            if bank is None:
+                encoder = active.encoder
+                path = self.settings.caption_bank or bank_dir(self.settings.home, encoder)
+                if not (path / "manifest.json").is_file():
+                    raise RequestError("expansion.method", "no caption bank for this bundle: build one with "
+                                       "`paraseek models build-bank` (or set PARASEEK_CAPTION_BANK)", status=400)
+                try:
+                    bank = CaptionBank.load(path, encoder)
+                except CaptionBankError as exc:
+                    raise RequestError("expansion.method", f"caption bank unavailable: {exc}", status=400) from exc
+                self._banks = {active.model_id: bank}  # one bundle serves at a time
+            return bank
+
+    async def _expanded_query(self, active: Active, req: SearchRequest, v: SearchVectors) -> tuple[np.ndarray | None, list[str]]:
+        """Stage 2a, vector expansions: the caption bank's nearest captions, or pseudo-relevance
+        feedback from the query's top images. (None, []) for text expansions and none."""
+        exp = req.expansion
+        if exp is None or v.query is None or exp.method not in ("bank", "prf"):
+            return None, []
+        if exp.method == "bank":
+            bank = await asyncio.to_thread(self.caption_bank, active)
+            rows, sims = bank.neighbours(v.query, exp.n)
+            fused = (mean_fusion(v.query, bank.vectors[rows[0]]) if exp.fusion == "mean"
+                     else weighted_fusion(v.query, bank.vectors[rows[0]], sims[0]))
+            return fused, bank.texts_of(rows[0])
+        _, top = active.snapshot.search_ids(v.query[None], exp.m)
+        feedback = active.snapshot.vectors_of([i for i in top[0] if i >= 0])
+        return rocchio(v.query, feedback, exp.alpha, exp.beta), []
+
     async def search(self, req: SearchRequest) -> dict:
         """The response as a JSON-ready dict (the route returns it without re-validating it).
 
@@ -265,6 +321,7 @@ class SearchEngine:
         t0 = time.perf_counter()
         active = self.require_active()
         self._check_lengths(req)
+        req = self.effective_expansion(req)
         key = params_key({"snapshot": active.snapshot.version, "model": active.model_id, "request": req.model_dump()})
         hit = await self.cache.get_result(key)
         if hit is not None:  # stored exactly as served: patch the per-request fields only
@@ -275,10 +332,16 @@ class SearchEngine:
         texts = await self._texts(req)
         embedded, truncated = await self.embed(active, texts.all())
         vectors = SearchVectors.split(texts, embedded)
+        if req.expansion is not None and req.expansion.min_cos > -1 and len(vectors.expansions):
+            assert vectors.query is not None
+            keep = vectors.expansions @ vectors.query >= req.expansion.min_cos
+            vectors.expansions = vectors.expansions[keep]
+            texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
+        expanded, neighbour_texts = await self._expanded_query(active, req, vectors)
         t_enc = time.perf_counter()
         self.metrics.stage.labels("encode").observe(t_enc - t0)
 
-        rows = self._search_rows(req, vectors)
+        rows = self._search_rows(req, vectors, expanded)
         k_search = max(req.k, req.consistency.k if req.consistency else 0)
         scores, ids = active.snapshot.search_ids(rows.matrix, k_search)
         t_search = time.perf_counter()
@@ -293,7 +356,7 @@ class SearchEngine:
                             total_ms=(time.perf_counter() - t0) * 1000),
             cache="miss" if self.cache.backend != "off" else "off",
             truncated=bool(truncated[0]) if req.query is not None else any(truncated),
-            expansions=texts.expansions or None, consistency=report,
+            expansions=(texts.expansions or neighbour_texts) or None, consistency=report,
         )
         body = response.model_dump(mode="json", exclude_none=True)
         await self.cache.put_result(key, body)
@@ -310,7 +373,7 @@ class SearchEngine:
     async def _texts(self, req: SearchRequest) -> SearchTexts:
         """Stage 1: every text of the request, generated ones included."""
         expansions: list[str] = []
-        if req.expansion:
+        if req.expansion and req.expansion.method in TEXT_EXPANSIONS:
             assert req.query is not None  # the schema requires a query with expansion
             expansions = await self.paraphrases(req.query, req.expansion.method, req.expansion.n, "expansion.method")
         paraphrases: list[str] = []
@@ -327,9 +390,10 @@ class SearchEngine:
         return SearchTexts(req.query, expansions, paraphrases, [t.text for t in req.terms or []])
 
     @staticmethod
-    def _search_rows(req: SearchRequest, v: SearchVectors) -> SearchRows:
-        """Stage 2: the vectors to search. Terms: their weighted sum (+ the query); expansion with
-        mean fusion: Cheng et al. eq. 5; rrf: the query and each expansion searched separately."""
+    def _search_rows(req: SearchRequest, v: SearchVectors, expanded: np.ndarray | None = None) -> SearchRows:
+        """Stage 2: the vectors to search. Terms: their weighted sum (+ the query); a vector expansion
+        (bank, prf) as computed; text expansion with mean fusion: Cheng et al. eq. 5; rrf: the query
+        and each expansion searched separately."""
         if req.terms:
             combined = sum((t.weight * vec for t, vec in zip(req.terms, v.terms)), np.zeros_like(v.terms[0]))
             if v.query is not None:
@@ -337,9 +401,11 @@ class SearchEngine:
             if np.linalg.norm(combined) < 1e-6:
                 raise RequestError("terms", "the weighted terms cancel out (zero vector)")
             main = l2_normalize(combined)
+        elif expanded is not None:
+            main = expanded
         elif len(v.expansions) and req.expansion is not None and req.expansion.fusion == "mean":
             assert v.query is not None
-            main = l2_normalize(np.mean(np.vstack([v.query[None], v.expansions]), axis=0))
+            main = mean_fusion(v.query, v.expansions)
         else:
             assert v.query is not None
             main = v.query

@@ -38,12 +38,32 @@ SearchText = Annotated[str, AfterValidator(_search_text)]
 ServerPath = Annotated[str, AfterValidator(_server_path)]
 
 
+TEXT_EXPANSIONS = ("wordnet", "ppdb", "generator", "llm")
+
+
 class Expansion(StrictModel):
-    method: Literal["wordnet", "ppdb", "generator", "llm"]
-    n: StrictInt = Field(3, ge=1, le=16)
-    fusion: Literal["mean", "rrf"] = Field(
-        "mean", description="mean: mean of normalised embeddings (Cheng et al. eq. 5); rrf: reciprocal-rank fusion"
-    )
+    method: Literal["wordnet", "ppdb", "generator", "llm", "bank", "prf", "none"] = Field(
+        description="text rewrites (wordnet, ppdb, generator, llm); bank: nearest captions of the caption bank; "
+        "prf: pseudo-relevance feedback from the top images (Rocchio); none: no expansion, even when the "
+        "server applies one by default")
+    n: StrictInt = Field(3, ge=1, le=64, description="text rewrites, or bank neighbours")
+    fusion: Literal["mean", "rrf", "weighted"] = Field(
+        "mean", description="mean: mean of normalised embeddings (Cheng et al. eq. 5); rrf: reciprocal-rank fusion "
+        "(text rewrites); weighted: similarity-weighted mean (bank)")
+    min_cos: Annotated[float, Strict()] = Field(
+        -1.0, ge=-1, le=1, description="text rewrites: drop those whose embedding has a lower cosine to the query's "
+        "(the guard that keeps a wrong synonym from moving the query)")
+    m: StrictInt = Field(5, ge=1, le=100, description="prf: how many top images feed back")
+    alpha: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the query")
+    beta: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the mean of the top images")
+
+    @model_validator(mode="after")
+    def _fusion_fits(self):
+        if self.fusion == "rrf" and self.method not in TEXT_EXPANSIONS:
+            raise ValueError("fusion 'rrf' fuses the lists of text rewrites: use it with wordnet, ppdb, generator or llm")
+        if self.fusion == "weighted" and self.method != "bank":
+            raise ValueError("fusion 'weighted' weighs bank neighbours by similarity: use it with method 'bank'")
+        return self
 
 
 class Consistency(StrictModel):

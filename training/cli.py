@@ -12,8 +12,10 @@ import typer
 from core.bundle import read_manifest
 from core.cli_support import console, user_errors
 from core.demo import demo_captions
+from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
+from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
 from training.export.quantize import quantize_text_tower  # onnxruntime only, no torch
 from training.recipe import list_recipes, load_recipe
 
@@ -82,6 +84,23 @@ def export_hf_cmd(
     manifest = export_hf_text(model_dir, out, name=name, version=version, image_space=image_space)
     _quantize(out, int8)
     console.print(f"bundle {manifest.name} written to {out}")
+
+
+@models_app.command("build-bank")
+@user_errors
+def build_bank_cmd(
+    bundle: Optional[Path] = typer.Option(None, help="Bundle whose text tower embeds the bank (default: the configured one)."),
+    captions: Optional[Path] = typer.Option(None, help="Captions: one per line (.txt, .txt.gz) or a TSV with a caption "
+                                            "column (default: the shipped COCO captions). Never the indexed gallery's own."),
+    out: Optional[Path] = typer.Option(None, help="Bank folder (default: the bundle's bank under $PARASEEK_HOME)."),
+):
+    """Embed a caption bank for query expansion (expansion method 'bank')."""
+    settings = Settings()
+    encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
+    texts = read_caption_texts(captions or DEFAULT_TEXTS)
+    target = out or bank_dir(settings.home, encoder)
+    bank = CaptionBank.build(encoder, texts, target, texts_source=(captions or DEFAULT_TEXTS).name)
+    console.print(f"caption bank: {bank.manifest.count} captions embedded by {encoder.name} v{encoder.version} in {target}")
 
 
 @models_app.command("info")

@@ -1,4 +1,5 @@
-"""The embedded default: the starter bundle and the demo-gallery snapshot under ``PARASEEK_HOME``.
+"""The embedded default: the starter bundle, the demo-gallery snapshot and the starter's caption bank
+under ``PARASEEK_HOME``.
 
 ``ensure_embedded_default`` is the one function that builds them. The snapshot needs only the index
 layer; the starter bundle is exported from torch weights, so torch is imported only when the bundle
@@ -15,6 +16,7 @@ from core.errors import UserError
 from core.settings import Settings
 from index.demo import build_demo_snapshot
 from index.snapshot import current_version
+from paraphrase.caption_bank import bank_dir, default_bank
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +28,10 @@ STARTER_MISSING = (
 )
 
 
-def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress: bool = True) -> tuple[Path, Path]:
-    """(bundle dir, snapshot root) of the embedded default, each built if missing (or ``rebuild``)."""
+def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress: bool = True,
+                            with_bank: bool = True) -> tuple[Path, Path]:
+    """(bundle dir, snapshot root) of the embedded default, each built if missing (or ``rebuild``);
+    ``with_bank``: also the caption bank its default expansion uses (about 30 s once)."""
     bundle, snap_root = settings.starter_bundle_dir, settings.snapshot_root
     if rebuild or not (bundle / "manifest.json").is_file():
         try:
@@ -37,7 +41,23 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
             raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
         log.warning("building the starter bundle in %s ...", bundle)
         build_starter(bundle)
+    encoder = Encoder(bundle)
     if rebuild or current_version(snap_root) is None:
         log.warning("indexing the demo gallery into %s ...", snap_root)
-        build_demo_snapshot(Encoder(bundle), snap_root, progress=progress)
+        build_demo_snapshot(encoder, snap_root, progress=progress)
+    if with_bank and (rebuild or not (bank_dir(settings.home, encoder) / "manifest.json").is_file()):
+        log.warning("embedding the caption bank into %s ...", bank_dir(settings.home, encoder))
+        default_bank(settings.home, encoder)
     return bundle, snap_root
+
+
+# The measured best expansion for the starter (loadtests/results/eval_expansion.md): the 30 nearest
+# bank captions, eq. 5 mean. Served by default with the embedded default; {"method": "none"} opts out.
+EMBEDDED_DEFAULT_EXPANSION = '{"method": "bank", "n": 30, "fusion": "mean"}'
+
+
+def with_default_expansion(settings: Settings) -> Settings:
+    """The embedded default serves with the measured best expansion unless one is configured."""
+    if settings.default_expansion is not None:
+        return settings
+    return settings.model_copy(update={"default_expansion": EMBEDDED_DEFAULT_EXPANSION})

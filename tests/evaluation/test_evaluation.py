@@ -121,3 +121,43 @@ def test_eval_errors_are_clear(tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.output
     r = CliRunner().invoke(app, ["eval", "compare", "--model", "nonsense"])
     assert r.exit_code == 2 and "NAME=BUNDLE" in r.output
+
+
+def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_data, tmp_path):
+    """compare adds a row per expansion; the distinct-image count equals an independent count over the
+    top-10 lists, and an expansion computed by the harness equals its hand computation."""
+    from core.encoder import Encoder
+    from evaluation.expansion import parse_expansion
+    from evaluation.paraphrase import evaluate_pairs
+    from index.builder import build_snapshot
+    from index.snapshot import Snapshot
+    from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
+
+    enc = Encoder(starter_bundle)
+    bank = CaptionBank.build(enc, read_caption_texts(DEFAULT_TEXTS)[:300], tmp_path / "bank")
+    build_snapshot(shared_data / "coco-mini/captions_train2017.json", enc, tmp_path / "snap", progress=False)
+    snap = Snapshot.load(tmp_path / "snap")
+    pairs = read_pairs(shared_data / "paraphrase/cxc_dev_pairs.tsv")[:60]
+
+    exp = parse_expansion("bank:5", enc, snap, bank=bank.path)
+    res = evaluate_pairs(enc, snap, pairs, k=10, expand=exp.expand, progress=False)
+    qa = enc.encode_text([a for a, _ in pairs])
+    rows = np.argsort(-(qa @ bank.vectors.T), axis=1)[:, :5]
+    hand = (qa + bank.vectors[rows].sum(axis=1)) / 6
+    _, ia = snap.search_ids(hand / np.linalg.norm(hand, axis=1, keepdims=True), 10)
+    assert [a for a, _ in res.lists] == ia.tolist()
+    _, ib = snap.search_ids(exp.expand([b for _, b in pairs], enc.encode_text([b for _, b in pairs])), 10)
+    assert res.summary()["distinct_images"] == len(set(ia.ravel().tolist()) | set(ib.ravel().tolist()))
+
+    r = CliRunner().invoke(app, [
+        "eval", "compare", "--model", f"starter={starter_bundle}@{tmp_path / 'snap'}", "--pairs",
+        str(shared_data / "paraphrase/cxc_dev_pairs.tsv"), "--expansion", "bank:5", "--expansion", "prf:3",
+        "--bank", str(bank.path), "--out", str(tmp_path / "cmp")])
+    assert r.exit_code == 0, r.output
+    table = json.loads((tmp_path / "cmp/results.json").read_text())
+    assert [row["model"] for row in table] == ["starter", "starter + bank5-mean", "starter + prf3-a1-b1"]
+    assert all(0 < row["distinct images in top-10"] <= 80 and "T2I R@10" in row for row in table)
+    r = CliRunner().invoke(app, ["eval", "paraphrase", "--pairs", str(shared_data / "paraphrase/cxc_dev_pairs.tsv"),
+                                 "--snapshot", str(tmp_path / "snap"), "--bundle", str(starter_bundle),
+                                 "--expansion", "bank:x"])
+    assert r.exit_code == 2 and "not a number" in r.output

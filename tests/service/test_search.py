@@ -356,3 +356,88 @@ def test_ready_means_warm(make_settings, monkeypatch):
         while c.get("/readyz").status_code != 200 and time.time() < deadline:
             time.sleep(0.05)
         assert c.get("/readyz").json()["status"] == "ready"
+
+
+def test_bank_expansion_equals_the_hand_computation(make_settings, starter_bank, direct):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    enc, snap = direct
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+        r = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "bank", "n": 7}})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        q = enc.encode_text(["a dog on a beach"])[0]
+        sims = starter_bank.vectors @ q
+        top = np.argsort(-sims)[:7]
+        assert body["expansions"] == [starter_bank.texts[i] for i in top]  # the neighbours, most similar first
+        expected = (q + starter_bank.vectors[top].sum(axis=0)) / 8  # eq. 5 over the query and 7 captions
+        scores, ids = snap.search_ids((expected / np.linalg.norm(expected))[None], 10)
+        assert [x["id"] for x in body["results"]] == ids[0].tolist()
+        assert [x["score"] for x in body["results"]] == pytest.approx(scores[0].tolist(), abs=1e-4)
+        weighted = c.post("/v1/search", json={"query": "a dog on a beach", "expansion": {"method": "bank", "n": 7, "fusion": "weighted"}})
+        assert weighted.status_code == 200 and weighted.json()["expansions"] == body["expansions"]
+        bad = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "bank", "fusion": "rrf"}})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
+
+
+def test_prf_equals_the_hand_computation(client, direct):
+    enc, snap = direct
+    r = client.post("/v1/search", json={"query": "a red bus", "k": 10,
+                                        "expansion": {"method": "prf", "m": 4, "alpha": 1.0, "beta": 0.5}})
+    assert r.status_code == 200, r.text
+    q = enc.encode_text(["a red bus"])[0]
+    _, top = snap.search_ids(q[None], 4)
+    feedback = np.asarray(snap.vectors())[[list(snap.ids).index(i) for i in top[0]]]
+    expected = q + 0.5 * feedback.mean(axis=0)
+    _, ids = snap.search_ids((expected / np.linalg.norm(expected))[None], 10)
+    assert [x["id"] for x in r.json()["results"]] == ids[0].tolist()
+
+
+def test_server_default_expansion_and_opting_out(make_settings, starter_bank):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    settings = make_settings(caption_bank=starter_bank.path, default_expansion='{"method": "bank", "n": 5}')
+    with TestClient(create_app(settings)) as c:
+        default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
+        explicit = c.post("/v1/search", json={"query": "a kitchen with a stove", "expansion": {"method": "bank", "n": 5}}).json()
+        plain = c.post("/v1/search", json={"query": "a kitchen with a stove", "expansion": {"method": "none"}}).json()
+        assert len(default["expansions"]) == 5 and default["results"] == explicit["results"]
+        assert "expansions" not in plain
+    with TestClient(create_app(make_settings())) as c:
+        assert c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()["results"] == plain["results"]
+
+
+def test_bank_missing_or_of_another_bundle_is_a_400(make_settings, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from paraphrase.caption_bank import CaptionBank
+    from service.main import create_app
+    from tests.paraphrase.test_caption_bank import FakeEncoder
+
+    with TestClient(create_app(make_settings())) as c:
+        r = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "bank"}})
+        assert r.status_code == 400 and "build-bank" in r.json()["detail"][0]["msg"]
+    CaptionBank.build(FakeEncoder(), ["a cat", "a dog"], tmp_path / "fake-bank")
+    with TestClient(create_app(make_settings(caption_bank=tmp_path / "fake-bank"))) as c:
+        r = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "bank"}})
+        assert r.status_code == 400 and r.json()["detail"][0]["loc"] == ["body", "expansion", "method"]
+        assert "rebuild it with this bundle" in r.json()["detail"][0]["msg"]
+
+
+def test_guard_drops_rewrites_far_from_the_query(client, direct):
+    enc, snap = direct
+    query = "a dog on a beach"
+    free = client.post("/v1/search", json={"query": query, "expansion": {"method": "wordnet", "n": 4}}).json()
+    rewrites = free["expansions"]
+    cos = enc.encode_text(rewrites) @ enc.encode_text([query])[0]
+    threshold = float(np.median(cos))
+    guarded = client.post("/v1/search", json={"query": query, "expansion": {"method": "wordnet", "n": 4, "min_cos": threshold}}).json()
+    kept = [t for t, c in zip(rewrites, cos) if c >= threshold]
+    assert guarded["expansions"] == kept and 0 < len(kept) < len(rewrites) + 1
+    expected = (enc.encode_text([query])[0] + enc.encode_text(kept).sum(axis=0)) / (len(kept) + 1)
+    _, ids = snap.search_ids((expected / np.linalg.norm(expected))[None], 10)
+    assert [x["id"] for x in guarded["results"]] == ids[0].tolist()

@@ -1,0 +1,39 @@
+"""How several vectors become one query vector: the one home of the fusion arithmetic that the
+service and the evaluation harness share (Cheng et al. eq. 5, similarity weighting, Rocchio).
+
+All inputs are L2-normalised rows; every result is L2-normalised."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.encoder import l2_normalize
+
+
+def mean_fusion(query: np.ndarray, expansions: np.ndarray) -> np.ndarray:
+    """Cheng et al. eq. 5: the mean of the query's and its K expansions' embeddings.
+    ``query`` (D,) or (Q, D); ``expansions`` (K, D) or (Q, K, D)."""
+    q = np.atleast_2d(query)
+    e = expansions.reshape(q.shape[0], -1, q.shape[1])
+    out = l2_normalize((q + e.sum(axis=1)) / (e.shape[1] + 1))
+    return out[0] if query.ndim == 1 else out
+
+
+def weighted_fusion(query: np.ndarray, expansions: np.ndarray, similarities: np.ndarray,
+                    temperature: float = 0.05, query_weight: float = 0.5) -> np.ndarray:
+    """``query_weight`` * query + the rest * softmax(similarity / temperature)-weighted expansions."""
+    q = np.atleast_2d(query)
+    e = expansions.reshape(q.shape[0], -1, q.shape[1])
+    s = np.atleast_2d(similarities) / temperature
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    out = l2_normalize(query_weight * q + (1 - query_weight) * np.einsum("qk,qkd->qd", w, e))
+    return out[0] if query.ndim == 1 else out
+
+
+def rocchio(query: np.ndarray, feedback: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> np.ndarray:
+    """Pseudo-relevance feedback: alpha * query + beta * mean of its top-m image vectors (Rocchio)."""
+    q = np.atleast_2d(query)
+    f = feedback.reshape(q.shape[0], -1, q.shape[1])
+    out = l2_normalize(alpha * q + beta * f.mean(axis=1))
+    return out[0] if query.ndim == 1 else out

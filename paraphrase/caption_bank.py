@@ -1,0 +1,148 @@
+"""Caption-bank expansion: the query's nearest neighbours among the embeddings of a bank of human
+captions stand in for its paraphrases (offline, no generator needed).
+
+A bank is a folder: ``texts.txt`` (one caption per line), ``vectors.npy`` (float16, normalised, in the
+text space of one bundle) and ``manifest.json`` naming that bundle and its image space; loading it
+with another bundle is refused. The package ships its default bank's texts (COCO captions of photos
+outside every evaluation set, CC BY 4.0: ``paraphrase/data/ATTRIBUTION.md``); their embeddings are
+computed once per bundle (``build``).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from core.errors import UserError
+from core.query_vectors import mean_fusion, weighted_fusion
+
+if TYPE_CHECKING:
+    from core.encoder import Encoder
+
+DEFAULT_TEXTS = Path(__file__).resolve().parent / "data" / "coco_train_captions.txt.gz"
+FUSIONS = ("mean", "weighted")
+
+
+class CaptionBankError(UserError):
+    """The bank is missing, malformed, or was embedded by another encoder."""
+
+
+class CaptionBankManifest(BaseModel):
+    bundle: str
+    bundle_version: str
+    image_space: str
+    dim: int
+    count: int
+    texts_source: str
+
+
+def read_caption_texts(path: str | Path) -> list[str]:
+    """Captions from a text file (one per line, optionally .gz) or a TSV with a ``caption`` column;
+    blank lines and duplicates are dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise CaptionBankError(f"caption file {path} does not exist")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        if path.name.removesuffix(".gz").endswith(".tsv"):
+            reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            if not reader.fieldnames or "caption" not in reader.fieldnames:
+                raise CaptionBankError(f"{path}: a TSV bank needs a 'caption' column")
+            texts = [row["caption"] or "" for row in reader]
+        else:
+            texts = f.read().splitlines()
+    texts = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    if not texts:
+        raise CaptionBankError(f"{path} holds no captions")
+    return texts
+
+
+@dataclass
+class CaptionBank:
+    path: Path
+    manifest: CaptionBankManifest
+    texts: list[str]
+    vectors: np.ndarray  # (N, D) float32, normalised
+
+    @classmethod
+    def build(cls, encoder: Encoder, texts: list[str], out: str | Path, texts_source: str = "") -> CaptionBank:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        vectors = encoder.encode_text(texts, batch_size=128)
+        manifest = CaptionBankManifest(bundle=encoder.name, bundle_version=encoder.version,
+                                       image_space=encoder.image_space, dim=encoder.dim, count=len(texts),
+                                       texts_source=texts_source)
+        (out / "texts.txt").write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
+        np.save(out / "vectors.npy", vectors.astype(np.float16))
+        tmp = out / "manifest.json.tmp"
+        tmp.write_text(manifest.model_dump_json(indent=2))
+        os.replace(tmp, out / "manifest.json")  # written last: a bank without it is incomplete
+        return cls(out, manifest, texts, vectors.astype(np.float32))
+
+    @classmethod
+    def load(cls, path: str | Path, encoder: Encoder) -> CaptionBank:
+        path = Path(path)
+        try:
+            manifest = CaptionBankManifest.model_validate_json((path / "manifest.json").read_text())
+        except OSError as exc:
+            raise CaptionBankError(f"caption bank {path}: manifest.json is missing") from exc
+        except ValidationError as exc:
+            raise CaptionBankError(f"caption bank {path}: manifest.json is malformed: {exc}") from exc
+        if (manifest.bundle, manifest.bundle_version) != (encoder.name, encoder.version):
+            raise CaptionBankError(
+                f"caption bank {path} was embedded by bundle {manifest.bundle} v{manifest.bundle_version}, not by "
+                f"{encoder.name} v{encoder.version}: rebuild it with this bundle (paraseek models build-bank)")
+        if manifest.image_space != encoder.image_space:
+            raise CaptionBankError(f"caption bank {path} is in image space {manifest.image_space!r}, the bundle in "
+                                   f"{encoder.image_space!r}: rebuild it with this bundle")
+        texts = (path / "texts.txt").read_text(encoding="utf-8").splitlines()
+        vectors = np.load(path / "vectors.npy").astype(np.float32)
+        if vectors.shape != (manifest.count, manifest.dim) or len(texts) != manifest.count:
+            raise CaptionBankError(f"caption bank {path}: texts, vectors and manifest disagree on the size")
+        return cls(path, manifest, texts, vectors)
+
+    def neighbours(self, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, similarities), each (Q, n), most similar first."""
+        q = np.atleast_2d(queries).astype(np.float32)
+        n = min(n, len(self.texts))
+        sims = q @ self.vectors.T
+        rows = np.argpartition(-sims, n - 1, axis=1)[:, :n]
+        top = np.take_along_axis(sims, rows, axis=1)
+        order = np.argsort(-top, axis=1, kind="stable")
+        return np.take_along_axis(rows, order, axis=1), np.take_along_axis(top, order, axis=1)
+
+    def expand(self, queries: np.ndarray, n: int, fusion: str = "mean") -> np.ndarray:
+        """Query vectors moved toward their n nearest bank captions (eq. 5 mean, or similarity-weighted)."""
+        q = np.atleast_2d(queries).astype(np.float32)
+        rows, sims = self.neighbours(q, n)
+        if fusion == "mean":
+            out = mean_fusion(q, self.vectors[rows])
+        elif fusion == "weighted":
+            out = weighted_fusion(q, self.vectors[rows], sims)
+        else:
+            raise CaptionBankError(f"fusion must be one of {FUSIONS}, not {fusion!r}")
+        return out[0] if np.ndim(queries) == 1 else out
+
+    def texts_of(self, rows) -> list[str]:
+        return [self.texts[int(r)] for r in rows]
+
+
+def bank_dir(home: Path, encoder: Encoder) -> Path:
+    """Where the default bank for a bundle lives under PARASEEK_HOME."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{encoder.name}-v{encoder.version}")
+    return Path(home) / "caption-banks" / safe
+
+
+def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
+    """The shipped captions embedded by ``encoder``, built on first use (about a minute on 2 cores)."""
+    path = bank_dir(home, encoder)
+    if (path / "manifest.json").is_file():
+        return CaptionBank.load(path, encoder)
+    return CaptionBank.build(encoder, read_caption_texts(DEFAULT_TEXTS), path, texts_source=DEFAULT_TEXTS.name)

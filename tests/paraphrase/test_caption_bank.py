@@ -1,0 +1,85 @@
+"""The caption bank: build, load (refusing another encoder's bank), neighbours and expansion."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from core.query_vectors import mean_fusion
+from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, CaptionBankError, read_caption_texts
+
+
+class FakeEncoder:
+    """Deterministic 4-d embeddings: enough to check the bank's bookkeeping and arithmetic."""
+
+    def __init__(self, name="fake", version="1", image_space="space-a"):
+        self.name, self.version, self.image_space, self.dim = name, version, image_space, 4
+
+    def encode_text(self, texts, batch_size=64):
+        rows = [[len(t), t.count("a") + 1, t.count("e") + 1, 1.0] for t in texts]
+        v = np.asarray(rows, np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+TEXTS = ["a cat", "a dog on a mat", "bananas", "tree", "the sea"]
+
+
+def test_build_load_and_neighbours(tmp_path):
+    enc = FakeEncoder()
+    bank = CaptionBank.build(enc, TEXTS, tmp_path / "bank", texts_source="test")
+    loaded = CaptionBank.load(tmp_path / "bank", enc)
+    assert loaded.texts == TEXTS and loaded.manifest.count == 5
+    assert np.allclose(loaded.vectors, bank.vectors, atol=1e-3)  # stored as float16
+    q = enc.encode_text(["a cat"])[0]
+    rows, sims = loaded.neighbours(q, 2)
+    exact = loaded.vectors @ q
+    assert rows[0].tolist() == np.argsort(-exact)[:2].tolist()
+    assert sims[0] == pytest.approx(np.sort(exact)[::-1][:2])
+    assert loaded.expand(q, 2) == pytest.approx(mean_fusion(q, loaded.vectors[rows[0]]))
+
+
+@pytest.mark.parametrize("other, message", [
+    (FakeEncoder(name="other"), "embedded by bundle fake v1, not by other v1"),
+    (FakeEncoder(version="2"), "not by fake v2"),
+    (FakeEncoder(image_space="space-b"), "image space 'space-a', the bundle in 'space-b'"),
+])
+def test_a_bank_of_another_encoder_is_refused(tmp_path, other, message):
+    CaptionBank.build(FakeEncoder(), TEXTS, tmp_path / "bank")
+    with pytest.raises(CaptionBankError, match=message):
+        CaptionBank.load(tmp_path / "bank", other)
+
+
+def test_missing_or_inconsistent_bank_is_a_clear_error(tmp_path):
+    with pytest.raises(CaptionBankError, match="manifest.json is missing"):
+        CaptionBank.load(tmp_path / "nothing", FakeEncoder())
+    CaptionBank.build(FakeEncoder(), TEXTS, tmp_path / "bank")
+    (tmp_path / "bank" / "texts.txt").write_text("only one\n")
+    with pytest.raises(CaptionBankError, match="disagree on the size"):
+        CaptionBank.load(tmp_path / "bank", FakeEncoder())
+
+
+def test_caption_files(tmp_path):
+    (tmp_path / "c.txt").write_text("a cat\n\n  a cat \nbananas\n")
+    assert read_caption_texts(tmp_path / "c.txt") == ["a cat", "bananas"]
+    with gzip.open(tmp_path / "c.txt.gz", "wt") as f:
+        f.write("x\ny\n")
+    assert read_caption_texts(tmp_path / "c.txt.gz") == ["x", "y"]
+    (tmp_path / "c.tsv").write_text("image_id\tcaption\n1\ta tree\n2\tthe sea\n")
+    assert read_caption_texts(tmp_path / "c.tsv") == ["a tree", "the sea"]
+    (tmp_path / "bad.tsv").write_text("a\tb\n1\t2\n")
+    with pytest.raises(CaptionBankError, match="caption"):
+        read_caption_texts(tmp_path / "bad.tsv")
+
+
+def test_the_shipped_bank_leaves_the_evaluation_data_out(shared_data):
+    """Its captions must not include the evaluation gallery's own captions or the CxC pairs."""
+    import csv
+    import json
+
+    bank = {t.lower() for t in read_caption_texts(DEFAULT_TEXTS)}
+    assert len(bank) > 18_000
+    val = json.loads((shared_data / "coco-mini/captions_val2017.json").read_text())
+    assert not bank & {a["caption"].strip().lower() for a in val["annotations"]}
+    with open(shared_data / "paraphrase/cxc_dev_pairs.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert not bank & ({r["caption1"].strip().lower() for r in rows} | {r["caption2"].strip().lower() for r in rows})
