@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, ValidationInfo, field_validator, model_validator
 
 
 class StrictModel(BaseModel):
@@ -56,6 +56,14 @@ class Expansion(StrictModel):
     m: StrictInt = Field(5, ge=1, le=100, description="prf: how many top images feed back")
     alpha: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the query")
     beta: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the mean of the top images")
+
+    @field_validator("n")
+    @classmethod
+    def _n_fits(cls, n: int, info: ValidationInfo) -> int:
+        # text rewrites are generated one by one (16 at most); bank neighbours are a cheap lookup
+        if info.data.get("method") in TEXT_EXPANSIONS and n > 16:
+            raise ValueError("at most 16 text rewrites (up to 64 bank neighbours)")
+        return n
 
     @model_validator(mode="after")
     def _fusion_fits(self):
