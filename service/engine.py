@@ -297,21 +297,19 @@ class SearchEngine:
                 self._banks = {active.model_id: bank}  # one bundle serves at a time
             return bank
 
-    async def _expanded_query(self, active: Active, req: SearchRequest, v: SearchVectors) -> tuple[np.ndarray | None, list[str]]:
-        """Stage 2a, vector expansions: the caption bank's nearest captions, or pseudo-relevance
-        feedback from the query's top images. (None, []) for text expansions and none."""
-        exp = req.expansion
-        if exp is None or v.query is None or exp.method not in ("bank", "prf"):
-            return None, []
+    async def _expand_vectors(self, active: Active, exp: Expansion, queries: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Stage 2a, vector expansions of a batch of query vectors: the caption bank's nearest
+        captions, or pseudo-relevance feedback from each vector's top images. Also the bank captions
+        used for the first row (shown as ``expansions``)."""
         if exp.method == "bank":
             bank = await asyncio.to_thread(self.caption_bank, active)
-            rows, sims = bank.neighbours(v.query, exp.n)
-            fused = (mean_fusion(v.query, bank.vectors[rows[0]]) if exp.fusion == "mean"
-                     else weighted_fusion(v.query, bank.vectors[rows[0]], sims[0]))
+            rows, sims = bank.neighbours(queries, exp.n)
+            fused = (mean_fusion(queries, bank.vectors[rows]) if exp.fusion == "mean"
+                     else weighted_fusion(queries, bank.vectors[rows], sims))
             return fused, bank.texts_of(rows[0])
-        _, top = active.snapshot.search_ids(v.query[None], exp.m)
-        feedback = active.snapshot.vectors_of([i for i in top[0] if i >= 0])
-        return rocchio(v.query, feedback, exp.alpha, exp.beta), []
+        _, top = active.snapshot.search_ids(queries, exp.m)
+        feedback = np.stack([active.snapshot.vectors_of([i for i in row if i >= 0]) for row in top])
+        return rocchio(queries, feedback, exp.alpha, exp.beta), []
 
     async def search(self, req: SearchRequest) -> dict:
         """The response as a JSON-ready dict (the route returns it without re-validating it).
@@ -337,11 +335,18 @@ class SearchEngine:
             keep = vectors.expansions @ vectors.query >= req.expansion.min_cos
             vectors.expansions = vectors.expansions[keep]
             texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
-        expanded, neighbour_texts = await self._expanded_query(active, req, vectors)
+        expanded: np.ndarray | None = None
+        neighbour_texts: list[str] = []
+        if req.expansion is not None and req.expansion.method in ("bank", "prf") and vectors.query is not None:
+            # the paraphrases of a consistency report go through the same expansion as the query, so the
+            # report measures what is served
+            batch, neighbour_texts = await self._expand_vectors(active, req.expansion,
+                                                                np.vstack([vectors.query[None], vectors.paraphrases]))
+            expanded, vectors.paraphrases = batch[0], batch[1:]
         t_enc = time.perf_counter()
         self.metrics.stage.labels("encode").observe(t_enc - t0)
 
-        rows = self._search_rows(req, vectors, expanded)
+        rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
         k_search = max(req.k, req.consistency.k if req.consistency else 0)
         scores, ids = active.snapshot.search_ids(rows.matrix, k_search)
         t_search = time.perf_counter()
@@ -390,7 +395,8 @@ class SearchEngine:
         return SearchTexts(req.query, expansions, paraphrases, [t.text for t in req.terms or []])
 
     @staticmethod
-    def _search_rows(req: SearchRequest, v: SearchVectors, expanded: np.ndarray | None = None) -> SearchRows:
+    def _search_rows(req: SearchRequest, v: SearchVectors, expanded: np.ndarray | None = None,
+                     compare_expanded: bool = False) -> SearchRows:
         """Stage 2: the vectors to search. Terms: their weighted sum (+ the query); a vector expansion
         (bank, prf) as computed; text expansion with mean fusion: Cheng et al. eq. 5; rrf: the query
         and each expansion searched separately."""
@@ -416,7 +422,7 @@ class SearchEngine:
         fused = len(rows)
         plain_query = 0
         if len(v.paraphrases):
-            if main is not v.query:
+            if main is not v.query and not compare_expanded:
                 assert v.query is not None
                 plain_query = len(rows)
                 rows.append(v.query)  # consistency compares the plain query with its paraphrases
@@ -452,7 +458,9 @@ class SearchEngine:
         threshold = self.settings.consistency_threshold
         c = req.consistency
         requested = len(c.paraphrases) if c.paraphrases else (c.auto or 0)
-        return ConsistencyReport(k=kc, requested=requested, produced=len(reports), paraphrases=reports, mean_ao=mean_ao,
+        exp = req.expansion
+        compared_under = exp.method if exp is not None and exp.method in ("bank", "prf") else None
+        return ConsistencyReport(k=kc, requested=requested, produced=len(reports), expansion=compared_under, paraphrases=reports, mean_ao=mean_ao,
                                  mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
                                  threshold=threshold)
 

@@ -142,6 +142,8 @@ class ConsistencyReport(BaseModel):
     k: int
     requested: int = Field(description="paraphrases asked for (given, or `auto`)")
     produced: int = Field(description="paraphrases compared; fewer than requested when the source ran out")
+    expansion: str | None = Field(None, description="the vector expansion (bank, prf) applied to the query and every "
+                                  "paraphrase alike before their lists were compared; None: plain lists")
     paraphrases: list[ParaphraseReport]
     mean_ao: float
     mean_js: float

@@ -441,3 +441,28 @@ def test_guard_drops_rewrites_far_from_the_query(client, direct):
     expected = (enc.encode_text([query])[0] + enc.encode_text(kept).sum(axis=0)) / (len(kept) + 1)
     _, ids = snap.search_ids((expected / np.linalg.norm(expected))[None], 10)
     assert [x["id"] for x in guarded["results"]] == ids[0].tolist()
+
+
+def test_consistency_under_a_vector_expansion_compares_expanded_lists(make_settings, starter_bank, direct):
+    """With bank expansion, each paraphrase is expanded like the query, so the report measures the
+    stability of what is served."""
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    enc, snap = direct
+    query, paraphrase = "a dog lying on a couch", "a puppy resting on a sofa"
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+        body = c.post("/v1/search", json={"query": query, "k": 10, "expansion": {"method": "bank", "n": 6},
+                                          "consistency": {"paraphrases": [paraphrase], "k": 10}}).json()
+    rep = body["consistency"]
+    assert rep["expansion"] == "bank"
+    vq, vp = enc.encode_text([query, paraphrase])
+    lists = []
+    for v in (vq, vp):
+        top = np.argsort(-(starter_bank.vectors @ v))[:6]
+        e = (v + starter_bank.vectors[top].sum(axis=0)) / 7
+        lists.append(snap.search_ids((e / np.linalg.norm(e))[None], 10)[1][0].tolist())
+    assert [x["id"] for x in body["results"]] == lists[0]
+    assert rep["paraphrases"][0]["ids"] == lists[1]
+    assert rep["mean_ao"] == pytest.approx(_ao(lists[0], lists[1], 10))
