@@ -466,3 +466,19 @@ def test_consistency_under_a_vector_expansion_compares_expanded_lists(make_setti
     assert [x["id"] for x in body["results"]] == lists[0]
     assert rep["paraphrases"][0]["ids"] == lists[1]
     assert rep["mean_ao"] == pytest.approx(_ao(lists[0], lists[1], 10))
+
+
+def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
+    for body, loc in (({"query": "x", "k": "5"}, ["body", "k"]), ({"query": "x", "k": True}, ["body", "k"]),
+                      ({"terms": [{"text": "a dog", "weight": False}]}, ["body", "terms", 0, "weight"]),
+                      ({"query": "x", "expansion": {"method": "wordnet", "n": "2"}}, ["body", "expansion", "n"])):
+        r = client.post("/v1/search", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, (body, r.text)
+    assert client.post("/v1/search", json={"terms": [{"text": "a dog", "weight": 2}]}).status_code == 200  # ints are numbers
+    schema = client.get("/openapi.json").json()
+    request = schema["components"]["schemas"]["SearchRequest"]
+    assert request["anyOf"] == [{"required": ["query"]}, {"required": ["terms"]}]
+    search = schema["paths"]["/v1/search"]["post"]["responses"]
+    assert {"200", "400", "413", "422", "502", "503"} <= set(search)
+    admin = schema["paths"]["/v1/admin/reindex"]["post"]["responses"]
+    assert {"202", "401", "403", "404", "422"} <= set(admin)
