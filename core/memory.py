@@ -8,21 +8,22 @@ keeps its peak unless asked to trim. Linux/glibc only; elsewhere these are no-op
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import logging
+from functools import lru_cache
 
 log = logging.getLogger(__name__)
 M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
 
 
+@lru_cache(maxsize=1)
 def _libc():
+    """The C library already loaded in this process (looked up once; no find_library subprocess)."""
     try:
-        name = ctypes.util.find_library("c")
-        libc = ctypes.CDLL(name) if name else None
-        return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+        libc = ctypes.CDLL(None)
     except OSError:
         return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 def limit_malloc_arenas(count: int = 2) -> bool:

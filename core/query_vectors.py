@@ -19,6 +19,12 @@ def mean_fusion(query: np.ndarray, expansions: np.ndarray) -> np.ndarray:
     return out[0] if query.ndim == 1 else out
 
 
+def close_to_query(query: np.ndarray, expansions: np.ndarray, min_cos: float) -> np.ndarray:
+    """Mask of the expansions whose cosine to the query is at least ``min_cos`` (the guard that keeps
+    a wrong synonym from moving the query)."""
+    return expansions @ query >= min_cos
+
+
 def weighted_fusion(query: np.ndarray, expansions: np.ndarray, similarities: np.ndarray,
                     temperature: float = 0.05, query_weight: float = 0.5) -> np.ndarray:
     """``query_weight`` * query + the rest * softmax(similarity / temperature)-weighted expansions."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from core.encoder import Encoder
 from core.errors import UserError
-from core.query_vectors import mean_fusion, rocchio
+from core.query_vectors import close_to_query, mean_fusion, rocchio
 from core.settings import Settings
 from index.snapshot import Snapshot
 from paraphrase.caption_bank import CaptionBank, bank_dir
@@ -49,7 +49,7 @@ def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]],
             kept = np.zeros((0, vectors.shape[1]), np.float32)
             if rewrites:
                 emb = encoder.encode_text(rewrites)
-                kept = emb[emb @ vec >= min_cos]
+                kept = emb[close_to_query(vec, emb, min_cos)]
             out[i] = mean_fusion(vec, kept) if len(kept) else vec
         return out
 
@@ -69,7 +69,7 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
     if method == "bank":
         n = _number(spec, args[0], int) if args else 30
         fusion = args[1] if len(args) > 1 else "mean"
-        caption_bank = CaptionBank.load(bank or settings.caption_bank or bank_dir(settings.home, encoder), encoder)
+        caption_bank = CaptionBank.load(bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest), encoder)
         return Expansion(f"bank{n}-{fusion}", lambda texts, vectors: caption_bank.expand(vectors, n, fusion))
     if method == "prf":
         m = _number(spec, args[0], int) if args else 5

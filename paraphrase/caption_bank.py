@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from core.bundle import BundleManifest
 from core.errors import UserError
 from core.query_vectors import mean_fusion, weighted_fusion
 
@@ -134,15 +135,15 @@ class CaptionBank:
         return [self.texts[int(r)] for r in rows]
 
 
-def bank_dir(home: Path, encoder: Encoder) -> Path:
+def bank_dir(home: Path, bundle: BundleManifest) -> Path:
     """Where the default bank for a bundle lives under PARASEEK_HOME."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{encoder.name}-v{encoder.version}")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{bundle.name}-v{bundle.version}")
     return Path(home) / "caption-banks" / safe
 
 
 def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
     """The shipped captions embedded by ``encoder``, built on first use (about a minute on 2 cores)."""
-    path = bank_dir(home, encoder)
+    path = bank_dir(home, encoder.manifest)
     if (path / "manifest.json").is_file():
         return CaptionBank.load(path, encoder)
     return CaptionBank.build(encoder, read_caption_texts(DEFAULT_TEXTS), path, texts_source=DEFAULT_TEXTS.name)

@@ -14,7 +14,7 @@ import numpy as np
 from core.encoder import Encoder, l2_normalize
 from core.errors import UserError
 from core.memory import limit_malloc_arenas, release_free_memory
-from core.query_vectors import mean_fusion, rocchio, weighted_fusion
+from core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
 from core.rank_metrics import average_overlap, jaccard_at_k
 from core.settings import Settings
 from index.snapshot import Snapshot, SnapshotError, clean_stale_staging, current_version
@@ -152,16 +152,16 @@ class SearchEngine:
             log.error("model or index not loaded: %s: %s", type(exc).__name__, exc)
         if self.settings.snapshot_poll_s > 0:
             self._watcher = asyncio.create_task(self._watch_snapshot(), name="snapshot-watcher")
-        # warm WordNet in the background so the first expansion request does not pay for it;
-        # /readyz says "warming up" until it is done
-        self._preload = asyncio.create_task(asyncio.to_thread(self._preload_wordnet), name="preload-wordnet")
+        # warm WordNet (and the caption bank of a default bank expansion) in the background so the
+        # first request that needs them does not pay for it; /readyz says "warming up" until then
+        self._preload = asyncio.create_task(asyncio.to_thread(self._warm_up), name="warm-up")
 
     @property
     def warm(self) -> bool:
         preload = getattr(self, "_preload", None)
         return preload is not None and preload.done()
 
-    def _preload_wordnet(self) -> None:
+    def _warm_up(self) -> None:
         try:
             self.paraphrase_source("wordnet", "expansion.method")
         except RequestError:
@@ -286,7 +286,7 @@ class SearchEngine:
             bank = self._banks.get(active.model_id)
             if bank is None:
                 encoder = active.encoder
-                path = self.settings.caption_bank or bank_dir(self.settings.home, encoder)
+                path = self.settings.caption_bank or bank_dir(self.settings.home, encoder.manifest)
                 if not (path / "manifest.json").is_file():
                     raise RequestError("expansion.method", "no caption bank for this bundle: build one with "
                                        "`paraseek models build-bank` (or set PARASEEK_CAPTION_BANK)", status=400)
@@ -302,7 +302,9 @@ class SearchEngine:
         captions, or pseudo-relevance feedback from each vector's top images. Also the bank captions
         used for the first row (shown as ``expansions``)."""
         if exp.method == "bank":
-            bank = await asyncio.to_thread(self.caption_bank, active)
+            bank = self._banks.get(active.model_id)
+            if bank is None:  # first use: loading reads files, off the event loop
+                bank = await asyncio.to_thread(self.caption_bank, active)
             rows, sims = bank.neighbours(queries, exp.n)
             fused = (mean_fusion(queries, bank.vectors[rows]) if exp.fusion == "mean"
                      else weighted_fusion(queries, bank.vectors[rows], sims))
@@ -332,7 +334,7 @@ class SearchEngine:
         vectors = SearchVectors.split(texts, embedded)
         if req.expansion is not None and req.expansion.min_cos > -1 and len(vectors.expansions):
             assert vectors.query is not None
-            keep = vectors.expansions @ vectors.query >= req.expansion.min_cos
+            keep = close_to_query(vectors.query, vectors.expansions, req.expansion.min_cos)
             vectors.expansions = vectors.expansions[keep]
             texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
         expanded: np.ndarray | None = None

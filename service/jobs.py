@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -40,6 +41,7 @@ class JobManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reindex")  # one build at a time
         self.max_jobs = max_jobs
         self.store = store
+        self._written_at: dict[str, float] = {}
         if store is not None:
             self._load()
 
@@ -68,6 +70,7 @@ class JobManager:
 
     def _forget(self, job_id: str) -> None:
         del self.jobs[job_id]
+        self._written_at.pop(job_id, None)
         if self.store is not None:
             (self.store / f"{job_id}.json").unlink(missing_ok=True)
 
@@ -77,7 +80,11 @@ class JobManager:
     def _update(self, job_id: str, **changes) -> None:
         with self._lock:
             self.jobs[job_id] = self.jobs[job_id].model_copy(update=changes)
-            self._write(self.jobs[job_id])
+            # progress comes once per image: on disk at most once a second; state changes at once
+            now = time.monotonic()
+            if set(changes) != {"progress"} or now - self._written_at.get(job_id, 0.0) >= 1.0:
+                self._write(self.jobs[job_id])
+                self._written_at[job_id] = now
 
     def submit_reindex(self, req: ReindexRequest) -> Job:
         job = Job(id=uuid.uuid4().hex, kind="reindex", state="queued", created_at=_now())
@@ -124,8 +131,7 @@ class JobManager:
             engine.metrics.reindex.labels("failed").inc()
             self._update(job_id, state="failed", finished_at=_now(), error=f"{type(exc).__name__}: {exc}")
             log.warning("reindex %s failed, still serving the previous snapshot: %s", job_id, exc)
-        finally:
-            release_free_memory()  # decoding threads and batch activations of the build
+            release_free_memory()  # the failed build's buffers (a success released them in engine.swap)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -98,7 +98,7 @@ def build_bank_cmd(
     settings = Settings()
     encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
     texts = read_caption_texts(captions or DEFAULT_TEXTS)
-    target = out or bank_dir(settings.home, encoder)
+    target = out or bank_dir(settings.home, encoder.manifest)
     bank = CaptionBank.build(encoder, texts, target, texts_source=(captions or DEFAULT_TEXTS).name)
     console.print(f"caption bank: {bank.manifest.count} captions embedded by {encoder.name} v{encoder.version} in {target}")
 

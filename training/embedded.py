@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from core.bundle import read_manifest
 from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
@@ -41,13 +42,18 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
             raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
         log.warning("building the starter bundle in %s ...", bundle)
         build_starter(bundle)
-    encoder = Encoder(bundle)
-    if rebuild or current_version(snap_root) is None:
-        log.warning("indexing the demo gallery into %s ...", snap_root)
-        build_demo_snapshot(encoder, snap_root, progress=progress)
-    if with_bank and (rebuild or not (bank_dir(settings.home, encoder) / "manifest.json").is_file()):
-        log.warning("embedding the caption bank into %s ...", bank_dir(settings.home, encoder))
-        default_bank(settings.home, encoder)
+    # load the encoder only when something must be built: a warm start just checks files
+    need_snapshot = rebuild or current_version(snap_root) is None
+    bank = bank_dir(settings.home, read_manifest(bundle, verify=False))
+    need_bank = with_bank and (rebuild or not (bank / "manifest.json").is_file())
+    if need_snapshot or need_bank:
+        encoder = Encoder(bundle, load_image=need_snapshot)
+        if need_snapshot:
+            log.warning("indexing the demo gallery into %s ...", snap_root)
+            build_demo_snapshot(encoder, snap_root, progress=progress)
+        if need_bank:
+            log.warning("embedding the caption bank into %s ...", bank)
+            default_bank(settings.home, encoder)
     return bundle, snap_root
 
 

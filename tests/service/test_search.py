@@ -340,13 +340,13 @@ def test_ready_means_warm(make_settings, monkeypatch):
     from service.main import create_app
 
     release = threading.Event()
-    original = SearchEngine._preload_wordnet
+    original = SearchEngine._warm_up
 
     def slow_preload(self):
         release.wait(30)
         original(self)
 
-    monkeypatch.setattr(SearchEngine, "_preload_wordnet", slow_preload)
+    monkeypatch.setattr(SearchEngine, "_warm_up", slow_preload)
     with TestClient(create_app(make_settings())) as c:
         r = c.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "warming up"
