@@ -8,6 +8,7 @@ variable means the same thing everywhere, e.g. ``PARASEEK_HOME``, ``PARASEEK_BUN
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,8 @@ class Settings(BaseSettings):
     # None: the embedded default under ``home`` (see ``bundle_dir``/``snapshot_root``)
     bundle: Path | None = None
     snapshot: Path | None = None
+    starter: Literal["robust", "plain"] = Field(
+        "robust", description="which starter the embedded default serves: the robust text tower or plain MiniLM")
 
     # encoder and index runtime
     precision: str = Field("fp32", pattern="^(fp32|int8)$")
@@ -86,9 +89,19 @@ class Settings(BaseSettings):
         return self.bundle is None and self.snapshot is None
 
     @property
-    def starter_bundle_dir(self) -> Path:
-        """Where the offline starter bundle lives (built by ``paraseek models build-starter``)."""
+    def plain_starter_bundle_dir(self) -> Path:
+        """The offline starter as MiniLM and EfficientNet-Lite0 come (``paraseek models build-starter``)."""
         return self.home / "bundles" / "starter"
+
+    @property
+    def robust_starter_bundle_dir(self) -> Path:
+        """The starter with the robust text tower (``paraseek models build-starter --robust``)."""
+        return self.home / "bundles" / "starter-robust"
+
+    @property
+    def starter_bundle_dir(self) -> Path:
+        """The starter the embedded default serves (``PARASEEK_STARTER``)."""
+        return self.robust_starter_bundle_dir if self.starter == "robust" else self.plain_starter_bundle_dir
 
     @property
     def bundle_dir(self) -> Path:

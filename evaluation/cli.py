@@ -100,7 +100,7 @@ def perturb_cmd(
 ):
     """Retrieval on clean vs perturbed captions (character and word level), with relative drops."""
     try:
-        wordnet = make_source("wordnet", Settings())
+        wordnet = make_source("wordnet", Settings(), usual_only=False)  # a stress test: every synonym
     except ParaphraseSourceUnavailable as exc:
         err.print(f"synonym perturbation skipped: {exc}")
         wordnet = None
@@ -131,10 +131,11 @@ def compare_cmd(
                                         "`eval paraphrase`)."),
     ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
     bank: Optional[Path] = typer.Option(None, help="Caption bank folder (default: each bundle's bank under $PARASEEK_HOME)."),
+    expand: List[str] = typer.Option([], help="Apply --expansion to this model only (repeatable; default: every model)."),
 ):
     """The suite over several bundles and expansions: a Markdown/JSON table (rows = model + expansion) plus PNG plots."""
     rows = compare([parse_model(m) for m in model], out, pairs=read_pairs(pairs) if pairs else None,
                    sts=read_sts(sts) if sts else None, images=images, image_root=image_root, k=k,
-                   expansions=expansion, settings=Settings(), ppdb=ppdb, bank=bank)
+                   expansions=expansion, settings=Settings(), ppdb=ppdb, bank=bank, expand_models=expand)
     console.print((out / "results.md").read_text())
     console.print(f"written to {out} ({len(rows)} models)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,12 +40,13 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 def read_caption_groups(path: str | Path, min_size: int = 2) -> list[list[str]]:
     """Captions grouped by photo from a TSV with ``image_id`` and ``caption`` columns (COCO's captions
-    of one photo are human paraphrases of each other)."""
+    of one photo are human paraphrases of each other); ``.gz`` files are read as they are."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"captions file {path} does not exist")
     groups: dict[str, list[str]] = {}
-    with open(path, newline="") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         if not reader.fieldnames or not {"image_id", "caption"} <= set(reader.fieldnames):
             raise DataError(f"{path}: expected a header with image_id and caption columns")

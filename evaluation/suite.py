@@ -91,9 +91,13 @@ def parse_model(spec: str) -> Model:
 
 def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=None, image_root=None,
             k: int = 10, progress: bool = True, expansions: Sequence[str] = (), settings=None, ppdb=None,
-            bank=None) -> list[dict]:
+            bank=None, expand_models: Sequence[str] = ()) -> list[dict]:
     """One row of metrics per model and expansion (plain first); writes results.json, results.md and
-    PNG plots into ``out``."""
+    PNG plots into ``out``. ``expand_models``: the models the expansions apply to (default: all), so
+    ablation rows can sit in the same table without every expansion."""
+    unknown = set(expand_models) - {m.name for m in models}
+    if unknown:
+        raise UserError(f"--expand {', '.join(sorted(unknown))}: no model of that name")
 
     out.mkdir(parents=True, exist_ok=True)
     rows, ao_distributions = [], {}
@@ -107,7 +111,7 @@ def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=
             build_snapshot(images, enc, snap_path, image_root=image_root, progress=progress)
         snap = Snapshot.load(snap_path, image_space=enc.image_space)
         sts_row = evaluate_sts(enc, sts) if sts else None
-        for spec in (None, *expansions):
+        for spec in (None, *(expansions if not expand_models or m.name in expand_models else ())):
             exp = parse_expansion(spec, enc, snap, settings, ppdb, bank) if spec else None
             name = m.name if exp is None else f"{m.name} + {exp.label}"
             row: dict = {"model": name, "bundle": f"{enc.name} v{enc.version}", "images": len(snap)}

@@ -39,14 +39,16 @@ def match_case(replacement: str, original: str) -> str:
     return replacement
 
 
-# Function words never substituted (a small fixed list: NLTK's stopwords corpus is not always installed)
+# Function words and prepositions never substituted (a small fixed list: NLTK's stopwords corpus is not always
+# installed; without a tagger, WordNet would read "behind" as a noun)
 STOPWORDS = frozenset(
     """a an the and or but if then else of at by for with about against between into through during
     before after above below to from up down in out on off over under again further once here there
     when where why how all any both each few more most other some such no nor not only own same so
     than too very can will just don should now is are was were be been being have has had having do
     does did doing i me my myself we our ours you your he him his she her it its they them their
-    what which who whom this that these those am as until while s t""".split()
+    what which who whom this that these those am as until while s t behind near along inside outside
+    beside next across around toward towards onto upon among within without beneath underneath""".split()
 )
 
 

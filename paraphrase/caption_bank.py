@@ -13,7 +13,10 @@ from __future__ import annotations
 import csv
 import gzip
 import os
+import re
+from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +30,7 @@ from core.query_vectors import mean_fusion, weighted_fusion
 if TYPE_CHECKING:
     from core.encoder import Encoder
 
-DEFAULT_TEXTS = Path(__file__).resolve().parent / "data" / "coco_train_captions.txt.gz"
+DEFAULT_TEXTS = Path(__file__).resolve().parent / "data" / "coco_train_captions.tsv.gz"
 FUSIONS = ("mean", "weighted")
 
 
@@ -65,6 +68,13 @@ def read_caption_texts(path: str | Path) -> list[str]:
     return texts
 
 
+@lru_cache(maxsize=1)
+def caption_word_counts() -> Counter[str]:
+    """How often each word occurs in the shipped captions: which of two wordings COCO captions
+    usually use (``kid`` 45 times, ``child`` 172; the rewrites of ``paraphrase.ppdb`` prefer the latter)."""
+    return Counter(w for text in read_caption_texts(DEFAULT_TEXTS) for w in re.findall(r"[a-z]+", text.lower()))
+
+
 @dataclass
 class CaptionBank:
     path: Path
@@ -86,6 +96,13 @@ class CaptionBank:
         tmp.write_text(manifest.model_dump_json(indent=2))
         os.replace(tmp, out / "manifest.json")  # written last: a bank without it is incomplete
         return cls(out, manifest, texts, vectors.astype(np.float32))
+
+    @classmethod
+    def in_memory(cls, texts: list[str], vectors: np.ndarray, source: str = "in memory") -> CaptionBank:
+        """A bank of vectors embedded elsewhere (training: the frozen tower's), never written to disk."""
+        manifest = CaptionBankManifest(bundle=source, bundle_version="", image_space="", dim=int(vectors.shape[1]),
+                                       count=len(texts), texts_source=source)
+        return cls(Path(), manifest, texts, np.asarray(vectors, np.float32))
 
     @classmethod
     def load(cls, path: str | Path, encoder: Encoder) -> CaptionBank:

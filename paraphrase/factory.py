@@ -13,17 +13,20 @@ from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 METHODS = ("wordnet", "ppdb", "llm", "llm-avoid-words", "generator")
 
 
-def make_source(method: str, settings: Settings, *, ppdb_path: str | Path | None = None) -> ParaphraseSource:
+def make_source(method: str, settings: Settings, *, ppdb_path: str | Path | None = None,
+                usual_only: bool = True) -> ParaphraseSource:
     """A ready source; raises ``ParaphraseSourceUnavailable`` when it is not configured or its data
-    is missing. ``ppdb_path`` overrides ``settings.ppdb_path`` (a recipe's own PPDB file)."""
+    is missing. ``ppdb_path`` overrides ``settings.ppdb_path`` (a recipe's own PPDB file).
+    ``usual_only``: WordNet and PPDB rewrite only toward more usual wording, which makes query expansion
+    raise consistency; training's x'' wants every reliable synonym instead (ParaCLIP: avoid the words used)."""
     if method == "wordnet":
         from paraphrase.wordnet import WordNetSource
 
-        return WordNetSource()
+        return WordNetSource() if usual_only else WordNetSource(senses=3, min_ratio=-1.0)
     if method == "ppdb":
         from paraphrase.ppdb import PPDBSource
 
-        return PPDBSource(ppdb_path or settings.ppdb_path)
+        return PPDBSource(ppdb_path or settings.ppdb_path, usual_only=usual_only)
     if method in ("llm", "llm-avoid-words", "generator"):
         from paraphrase.llm import ChatClient, LLMSource, TwoStepGenerator
 

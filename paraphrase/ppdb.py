@@ -1,5 +1,6 @@
 """PPDB lexical paraphrase pairs from a TSV file (word <TAB> paraphrase), most reliable first.
-PPDB is noisy: inflections of the same word (dog/dogs) and non-words are dropped at load."""
+PPDB is noisy: inflections of the same word (dog/dogs) and non-words are dropped at load, and only
+rewrites toward more usual caption wording are offered."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import os
 from pathlib import Path
 
 from paraphrase import ParaphraseSourceUnavailable, substitution_variants
+from paraphrase.caption_bank import caption_word_counts
+
+
+def _usage(phrase: str, counts) -> int:
+    """How often captions use a (multi-word) phrase's rarest word."""
+    return min(counts[w] for w in phrase.lower().split())
 
 
 def _is_variant(a: str, b: str) -> bool:
@@ -16,7 +23,10 @@ def _is_variant(a: str, b: str) -> bool:
 class PPDBSource:
     name = "ppdb"
 
-    def __init__(self, path: str | os.PathLike | None, max_per_word: int = 4):
+    def __init__(self, path: str | os.PathLike | None, max_per_word: int = 8, usual_only: bool = True):
+        # PPDB is noisy and unranked by usage: only rewrites toward the wording captions use more often
+        # (by the shipped captions' word counts) make two rephrasings meet instead of drift apart
+        self.usual_only = usual_only
         if not path:
             raise ParaphraseSourceUnavailable("no PPDB file configured (PARASEEK_PPDB_PATH)")
         path = Path(path)
@@ -37,7 +47,12 @@ class PPDBSource:
         self._table = table
 
     def synonyms(self, word: str) -> list[str]:
-        return self._table.get(word.lower(), [])
+        word = word.lower()
+        alternatives = self._table.get(word, [])
+        if self.usual_only:
+            counts = caption_word_counts()
+            alternatives = [a for a in alternatives if _usage(a, counts) > counts[word]]
+        return alternatives
 
     def paraphrases(self, text: str, n: int) -> list[str]:
         return substitution_variants(text, self.synonyms, n)

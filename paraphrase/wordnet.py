@@ -1,6 +1,7 @@
 """WordNet synonym substitution (NLTK). POS-aware without a tagger: a word's part of speech is that of
-its most frequent WordNet sense, and only synonyms of that part of speech are used; multi-word lemmas
-become phrases ("hot_dog" -> "hot dog")."""
+its most frequent WordNet sense, and only synonyms of that part of speech are used. Frequent lemmas
+only: synonyms from the word's most frequent sense that SemCor saw it in, and only those SemCor uses
+more often than the word itself, most used first. Multi-word lemmas become phrases ("hot_dog" -> "hot dog")."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ from functools import lru_cache
 from paraphrase import ParaphraseSourceUnavailable, substitution_variants
 
 
+def _pos(synset) -> str:
+    return {"s": "a"}.get(synset.pos(), synset.pos())  # satellite adjectives are adjectives
+
+
 class WordNetSource:
     name = "wordnet"
 
-    def __init__(self, max_per_word: int = 4):
+    def __init__(self, max_per_word: int = 4, senses: int = 1, min_ratio: float = 1.0):
         self.max_per_word = max_per_word
+        self.senses = senses  # how many of the word's most frequent senses give synonyms
+        self.min_ratio = min_ratio  # a synonym must be used this many times as often as the word (SemCor; < 0: any)
         try:
             from nltk.corpus import wordnet
 
@@ -37,20 +44,27 @@ class WordNetSource:
         synsets = self._wn.synsets(word)
         if not synsets:
             return []
-        pos = synsets[0].pos()
-        pos = {"s": "a"}.get(pos, pos)
+        pos = _pos(synsets[0])
         base = self._wn.morphy(word) or word  # "walking" -> "walk": not a rephrasing, just uninflected
-        out: list[str] = []
+        own_names = {word, base}
+        counts: dict[str, int] = {}
+        # the senses SemCor saw this word in, most frequent first (WordNet's order); synonyms of rarer
+        # senses mean something else ("picture" -> "movie")
+        seen = 0
         for syn in synsets:
-            if {"s": "a"}.get(syn.pos(), syn.pos()) != pos:
+            own = max((lemma.count() for lemma in syn.lemmas() if lemma.name().lower() in own_names), default=0)
+            if _pos(syn) != pos or own < 1:
                 continue
             for lemma in syn.lemmas():
                 name = lemma.name().replace("_", " ")
-                if name.lower() not in (word, base) and name not in out:
-                    out.append(name)
-            if len(out) >= self.max_per_word:
+                # only the more usual wording of the same sense ("kid" -> "child", "automobile" -> "car"): two
+                # rephrasings then tend to meet on the same words instead of drifting apart
+                if name.lower() not in own_names and lemma.count() > own * self.min_ratio:
+                    counts[name] = max(counts.get(name, 0), lemma.count())
+            seen += 1
+            if seen == self.senses:
                 break
-        return out[: self.max_per_word]
+        return sorted(counts, key=lambda name: -counts[name])[: self.max_per_word]
 
     def synonyms(self, word: str) -> list[str]:
         return self._synonyms(word.lower())

@@ -14,6 +14,7 @@ runner = CliRunner()
 @pytest.fixture()
 def home(tmp_path, monkeypatch, starter_bundle):
     monkeypatch.setenv("PARASEEK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PARASEEK_STARTER", "plain")
     shutil.copytree(starter_bundle, tmp_path / "home" / "bundles" / "starter")
     return tmp_path / "home"
 

@@ -101,7 +101,7 @@ def test_serve_startup_imports_no_torch(tmp_path, starter_bundle):
 
     home = tmp_path / "home"
     shutil.copytree(starter_bundle, home / "bundles" / "starter")
-    env = {**os.environ, "PARASEEK_HOME": str(home)}
+    env = {**os.environ, "PARASEEK_HOME": str(home), "PARASEEK_STARTER": "plain"}
     extra = (
         "from core.settings import Settings\nfrom training.embedded import ensure_embedded_default\n"
         "from service.main import create_app\ns = Settings()\nensure_embedded_default(s, progress=False)\ncreate_app(s)"

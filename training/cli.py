@@ -31,15 +31,31 @@ def _quantize(out: Path, int8: bool) -> None:
 @models_app.command("build-starter")
 @user_errors
 def build_starter_cmd(
-    out: Path = typer.Option(None, help="Bundle directory (default: $PARASEEK_HOME/bundles/starter)."),
+    out: Path = typer.Option(None, help="Bundle directory (default: $PARASEEK_HOME/bundles/starter, or starter-robust)."),
     int8: bool = typer.Option(True, help="Also write the int8 text tower."),
+    robust: bool = typer.Option(False, help="The robust variant: the text tower carries the tuned layers the package ships "
+                                "(training/recipes/robust-starter.yaml); same image tower and image_space."),
+    train: bool = typer.Option(False, help="With --robust: train those layers here from the shipped data first "
+                               "(resumable: rerun to continue), instead of using the shipped ones."),
+    run_dir: Optional[Path] = typer.Option(None, help="With --train: the run directory (default: $PARASEEK_HOME/runs/robust-starter)."),
+    set_: List[str] = typer.Option([], "--set", help="With --train: override a recipe field, e.g. train.epochs=1 (repeatable)."),
 ):
     """Build the offline starter dual encoder (MiniLM text + EfficientNet-Lite0 image) as a bundle."""
-    from training.export.starter import build_starter  # torch
+    if (train or set_ or run_dir) and not robust:
+        raise UserError("--train, --set and --run-dir apply to --robust only")
+    from training.export.starter import ROBUST_LAYERS, build_starter  # torch
 
-    out = out or Settings().starter_bundle_dir
-    manifest = build_starter(out, int8=int8)
-    console.print(f"starter bundle written to {out} (dim {manifest.embedding_dim}, image_space {manifest.image_space})")
+    settings = Settings()
+    out = out or (settings.robust_starter_bundle_dir if robust else settings.plain_starter_bundle_dir)
+    layers = None
+    if robust:
+        layers = ROBUST_LAYERS
+        if train:
+            from training.robust import train_robust_layers  # torch
+
+            layers = train_robust_layers(settings, run_dir or settings.home / "runs" / "robust-starter", set_)
+    manifest = build_starter(out, int8=int8, tuned_layers=layers)
+    console.print(f"{manifest.name} bundle written to {out} (dim {manifest.embedding_dim}, image_space {manifest.image_space})")
 
 
 @models_app.command("export-openclip")

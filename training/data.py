@@ -54,9 +54,44 @@ class ImageEmbeddings:
     captions: list[list[str]]  # per image
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def resolve_data_path(path: str) -> Path:
+    """A recipe's data path as given, or else relative to the installed packages, so built-in recipes
+    name data the package ships (``paraphrase/data/...``, ``training/assets/...``)."""
+    given = Path(path).expanduser()
+    if given.exists() or given.is_absolute():
+        return given
+    shipped = PACKAGE_ROOT / path
+    return shipped if shipped.exists() else given
+
+
+def load_image_embeddings(path: Path, image_space: str) -> ImageEmbeddings:
+    """Image embeddings computed elsewhere by the same frozen image tower: a .npz with ``ids``, ``vectors``,
+    ``captions`` (JSON list of caption lists) and ``image_space`` (checked against the tower's)."""
+    if not path.is_file():
+        raise UserError(f"data.image_embeddings: {path} does not exist")
+    with np.load(path, allow_pickle=False) as arrays:
+        missing = {"ids", "vectors", "captions", "image_space"} - set(arrays.files)
+        if missing:
+            raise UserError(f"data.image_embeddings: {path} lacks {', '.join(sorted(missing))}")
+        if str(arrays["image_space"]) != image_space:
+            raise UserError(f"data.image_embeddings: {path} is in image space {arrays['image_space']}, "
+                            f"the frozen image tower's is {image_space}")
+        captions = json.loads(str(arrays["captions"]))
+        ids, vectors = arrays["ids"], arrays["vectors"].astype(np.float32)
+    if len(captions) != len(ids) or len(vectors) != len(ids):
+        raise UserError(f"data.image_embeddings: {path} has {len(ids)} ids, {len(vectors)} vectors, {len(captions)} caption lists")
+    return ImageEmbeddings(ids, vectors, captions)
+
+
 def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> ImageEmbeddings:
     """Image embeddings by the frozen tower, computed once per run directory and kept as arrays
     (``image-embeddings.npz`` + captions JSON): training needs the vectors, not a search index."""
+    if data.image_embeddings:
+        return load_image_embeddings(resolve_data_path(data.image_embeddings), image_encoder.image_space)
+    assert data.captions is not None  # the recipe schema asks for one of the two
     cache = run_dir / "image-embeddings.npz"
     meta = run_dir / "image-embeddings.json"
     if cache.is_file() and meta.is_file():
@@ -64,7 +99,7 @@ def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> Image
         if info.get("image_space") == image_encoder.image_space:
             arrays = np.load(cache)
             return ImageEmbeddings(arrays["ids"], arrays["vectors"], info["captions"])
-    source = open_source(data.captions, data.images)
+    source = open_source(resolve_data_path(data.captions), data.images)
     vectors, kept, _, skipped = embed_records(image_encoder, source.root, source.records)
     for item in skipped:
         log.warning("training image skipped: %s", item)
@@ -80,7 +115,7 @@ def paraphrase_source(method: str, spec: ParaphraseSpec, second_step: bool, sett
     """x' (first step) or x'' (second step: ParaCLIP's "avoiding existing words" prompt for llm)."""
     if method == "llm" and second_step:
         method = "llm-avoid-words"
-    return make_source(method, settings, ppdb_path=spec.ppdb)
+    return make_source(method, settings, ppdb_path=spec.ppdb, usual_only=False)
 
 
 def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path,
@@ -125,7 +160,7 @@ def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) ->
     ids, vectors, captions = ids[keep], vectors[keep], [captions[i] for i in keep]
     text_groups = None
     if data.text_captions:
-        text_groups = read_caption_groups(data.text_captions)
+        text_groups = read_caption_groups(resolve_data_path(data.text_captions))
     dataset = Path(data.paraphrases.dataset) if data.paraphrases.dataset else run_dir / "paraphrases.jsonl"
     every_caption = [c for group in captions + (text_groups or []) for c in group]
     rewrites = generate_paraphrases(every_caption, data.paraphrases, dataset)

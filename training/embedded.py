@@ -1,5 +1,5 @@
-"""The embedded default: the starter bundle, the demo-gallery snapshot and the starter's caption bank
-under ``PARASEEK_HOME``.
+"""The embedded default: the starter bundle (the robust text tower unless ``PARASEEK_STARTER=plain``),
+the demo-gallery snapshot and the starter's caption bank under ``PARASEEK_HOME``.
 
 ``ensure_embedded_default`` is the one function that builds them. The snapshot needs only the index
 layer; the starter bundle is exported from torch weights, so torch is imported only when the bundle
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 STARTER_MISSING = (
     "the starter bundle is missing at {path} and torch is not installed here ({error}). Build it once on a "
     "machine with the training extra (pip install -c constraints.txt 'paraseek[cpu,train]'; "
-    "paraseek models build-starter --out {path}) and copy it here, or set PARASEEK_BUNDLE and "
+    "paraseek models build-starter [--robust] --out {path}) and copy it here, or set PARASEEK_BUNDLE and "
     "PARASEEK_SNAPSHOT to a prebuilt bundle and snapshot."
 )
 
@@ -37,11 +37,11 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
     if rebuild or not (bundle / "manifest.json").is_file():
         try:
             # torch, lazily: only building the starter needs it
-            from training.export.starter import build_starter
+            from training.export.starter import ROBUST_LAYERS, build_starter
         except ImportError as exc:
             raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
-        log.warning("building the starter bundle in %s ...", bundle)
-        build_starter(bundle)
+        log.warning("building the %s starter bundle in %s ...", settings.starter, bundle)
+        build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None)
     # load the encoder only when something must be built: a warm start just checks files
     need_snapshot = rebuild or current_version(snap_root) is None
     bank = bank_dir(settings.home, read_manifest(bundle, verify=False))

@@ -40,12 +40,13 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: torch.Tensor | float
 def paraclip_loss(
     image: torch.Tensor, x: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, temperature, *,
     l1_text: str = "x2", use_l1: bool = True, use_l2: bool = True, use_l3: bool = True,
+    weights: tuple[float, float, float] = (1.0, 1.0, 1.0),
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ParaCLIP: L1(X_I, X''_T) + L2(X_T, X'_T) + L3(X'_T, X''_T).
 
     ``x``: captions, ``x1``: their paraphrases x', ``x2``: paraphrases of x' avoiding its words (x'').
     Ablations: ``l1_text`` picks which texts L1 pairs with the images (x, x1 or x2), and each term can
-    be switched off. Text rows beyond ``len(image)`` are paraphrase sets without a photo: they take part
+    be switched off or weighted (``weights`` of L1, L2, L3). Text rows beyond ``len(image)`` are paraphrase sets without a photo: they take part
     in L2 and L3 only.
     """
     texts = {"x": x, "x1": x1, "x2": x2}
@@ -60,7 +61,8 @@ def paraclip_loss(
         parts["l3"] = info_nce(x1, x2, temperature)
     if not parts:
         raise ValueError("every ParaCLIP term is switched off")
-    total = torch.stack(list(parts.values())).sum()
+    weight = dict(zip(("l1", "l2", "l3"), weights))
+    total = torch.stack([weight[name] * term for name, term in parts.items()]).sum()
     return total, {k: float(v.detach()) for k, v in parts.items()}
 
 

@@ -51,7 +51,10 @@ class ParaphraseSpec(Strict):
 
 
 class DataSpec(Strict):
-    captions: str = Field(description="COCO-format captions JSON with images")
+    captions: str | None = Field(None, description="COCO-format captions JSON with images")
+    image_embeddings: str | None = Field(None, description="instead of captions: a .npz of image embeddings made by the "
+                                         "frozen image tower (ids, vectors, captions as JSON, image_space), e.g. "
+                                         "'assets/coco_mini_train_starter_images.npz' (paths relative to training/)")
     images: str | None = Field(None, description="image folder of the captions file (default: beside it)")
     max_images: int | None = Field(None, ge=2)
     text_captions: str | None = Field(None, description="TSV (image_id, caption): extra paraphrase sets without "
@@ -59,6 +62,12 @@ class DataSpec(Strict):
     text_per_batch: int = Field(0, ge=0, description="text-only sets added to each batch")
     paraphrases: ParaphraseSpec = ParaphraseSpec()
     differences: str | None = Field(None, description="PC-CLIP: JSONL of {image1, image2, text}; default: built from captions")
+
+    @model_validator(mode="after")
+    def _one_image_source(self):
+        if (self.captions is None) == (self.image_embeddings is None):
+            raise ValueError("give exactly one of 'captions' (photos to embed) and 'image_embeddings' (embedded already)")
+        return self
 
 
 class ObjectiveSpec(Strict):
@@ -70,9 +79,17 @@ class ObjectiveSpec(Strict):
     l1: bool = True
     l2: bool = True
     l3: bool = True
+    l1_weight: float = Field(1.0, ge=0, description="weight of L1 (images, x'')")
+    l2_weight: float = Field(1.0, ge=0, description="weight of L2 (captions, x')")
+    l3_weight: float = Field(1.0, ge=0, description="weight of L3 (x', x'')")
     # LaCLIP: texts sampled per image among the caption and its rewrites
     positives: int = Field(2, ge=1, le=3)
     anchor_weight: float = Field(0.0, ge=0)
+    anchor_target: Literal["tower", "bank"] = Field(
+        "tower", description="what the anchor term pulls toward: the frozen tower's embedding of the text ('tower'), or "
+        "that embedding expanded by its nearest training captions as caption-bank expansion does ('bank': the tower "
+        "learns the expansion, so a query needs no expansion at serving time)")
+    anchor_bank_n: int = Field(30, ge=1, description="neighbours of a 'bank' anchor target (eq. 5 mean)")
 
 
 class TrainSpec(Strict):

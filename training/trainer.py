@@ -28,9 +28,10 @@ from core.errors import UserError
 from core.bundle import read_manifest
 from core.encoder import Encoder
 from core.settings import Settings
+from paraphrase.caption_bank import CaptionBank
 from training.export.hf_text import minilm_dir
 from training.export.starter import ensure_starter_bundle
-from training.data import difference_batch, load_training_data, sample_batch
+from training.data import TrainingData, difference_batch, load_training_data, sample_batch
 from training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
 from training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
 from training.recipe import Recipe
@@ -84,6 +85,37 @@ def cosine_schedule(warmup: int, total: int):
     return factor
 
 
+class AnchorTargets:
+    """Anchor targets that teach the tower caption-bank expansion: for every training text, the frozen
+    tower's embedding moved to the eq. 5 mean with its ``n`` nearest human training captions (the
+    expansion the service applies with a caption bank). Computed once per run directory."""
+
+    def __init__(self, texts: list[str], vectors: np.ndarray):
+        self.row = {t: i for i, t in enumerate(texts)}
+        self.vectors = torch.from_numpy(vectors.astype(np.float32))
+
+    @classmethod
+    def expanded(cls, frozen: TextTower, data: TrainingData, n: int, run_dir: Path, batch: int = 256) -> AnchorTargets:
+        captions = list(dict.fromkeys(c for group in data.captions + (data.text_groups or []) for c in group))
+        rewrites = [r for pair in data.rewrites.values() for r in pair if r]
+        texts = list(dict.fromkeys(captions + rewrites))
+        cache = run_dir / f"anchor-targets-bank{n}.npz"
+        if cache.is_file():
+            with np.load(cache, allow_pickle=False) as z:
+                if z["texts"].tolist() == texts:
+                    return cls(texts, z["vectors"])
+        with torch.no_grad():
+            plain = np.concatenate([frozen.encode(texts[i:i + batch]).float().cpu().numpy()
+                                    for i in tqdm(range(0, len(texts), batch), desc="anchor targets", unit="batch")])
+        bank = CaptionBank.in_memory(captions, plain[: len(captions)])
+        vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
+        np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32))
+        return cls(texts, vectors)
+
+    def of(self, texts: list[str]) -> torch.Tensor:
+        return self.vectors[[self.row[t] for t in texts]]
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -112,9 +144,15 @@ class Trainer:
         self.original = frozen_copy(self.tower) if (recipe.objective.anchor_weight > 0 or t.wise_ft_alpha < 1) else None
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
+        o = recipe.objective
+        self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir)
+                               if self.original is not None and o.anchor_weight > 0 and o.anchor_target == "bank" else None)
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
+        # an epoch passes every photo once, and every text-only paraphrase set once where batches carry them
         per_epoch = max(1, math.ceil(len(self.data.captions) / t.batch_size))
+        if self.data.text_groups and recipe.data.text_per_batch and recipe.objective.kind == "paraclip":
+            per_epoch = max(per_epoch, math.ceil(len(self.data.text_groups) / recipe.data.text_per_batch))
         self.total_steps = t.steps or max(1, math.ceil(per_epoch * t.epochs))
         params = [p for p in self.tower.parameters() if p.requires_grad] + list(
             p for p in self.temperature.parameters() if p.requires_grad)
@@ -169,8 +207,11 @@ class Trainer:
         parts: dict = {}
         if o.kind == "paraclip":
             x, x1, x2 = encode(batch.x), encode(batch.x1), encode(batch.x2)
-            loss, parts = paraclip_loss(images, x, x1, x2, temp, l1_text=o.l1_text, use_l1=o.l1, use_l2=o.l2, use_l3=o.l3)
+            loss, parts = paraclip_loss(images, x, x1, x2, temp, l1_text=o.l1_text, use_l1=o.l1, use_l2=o.l2, use_l3=o.l3,
+                                        weights=(o.l1_weight, o.l2_weight, o.l3_weight))
             anchor_texts, anchor_vecs = batch.x, x
+            if self.anchor_targets is not None:  # a learned expansion: every human caption has a target
+                anchor_texts, anchor_vecs = batch.x + batch.x1, torch.cat([x, x1])
         elif o.kind == "laclip":
             rng = np.random.default_rng([t.seed, step, 2])
             texts, owner = [], []
@@ -196,8 +237,11 @@ class Trainer:
             loss = info_nce(images, x, temp)
             anchor_texts, anchor_vecs = batch.x, x
         if o.anchor_weight > 0:
-            with torch.no_grad():
-                ref = self.original.encode(anchor_texts)
+            if self.anchor_targets is not None:
+                ref = self.anchor_targets.of(anchor_texts).to(self.device)
+            else:
+                with torch.no_grad():
+                    ref = self.original.encode(anchor_texts)
             anchor_term = anchor_loss(anchor_vecs, ref)
             parts["anchor"] = float(anchor_term.detach())
             loss = loss + o.anchor_weight * anchor_term
@@ -245,15 +289,20 @@ class Trainer:
         self.save_checkpoint()
         return losses
 
+    def final_state(self) -> dict[str, torch.Tensor]:
+        """The trained parameters after WiSE-FT (the recipe's alpha), as the exported tower has them."""
+        alpha = self.recipe.train.wise_ft_alpha
+        tuned = self.tower.trainable_state()
+        if alpha < 1 and self.original is not None:
+            return wise_ft(self.original.state_dict(), tuned, alpha)
+        return tuned
+
     def export(self) -> Path:
         """Apply WiSE-FT and write the bundle (rank 0)."""
         out = self.run_dir / "bundle"
         if self.rank != 0:
             return out
-        alpha = self.recipe.train.wise_ft_alpha
-        if alpha < 1:
-            mixed = wise_ft(self.original.state_dict(), self.tower.trainable_state(), alpha)
-            self.tower.load_state_dict(mixed, strict=False)
+        self.tower.load_state_dict(self.final_state(), strict=False)
         self.tower.eval().cpu()
         if out.exists():
             shutil.rmtree(out)

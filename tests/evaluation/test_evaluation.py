@@ -66,9 +66,10 @@ def test_perturbations_are_seeded_and_change_text(name):
 
 def test_synonym_perturbation_uses_wordnet(shared_data, monkeypatch):
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
-    from paraphrase.wordnet import WordNetSource
+    from core.settings import Settings
+    from paraphrase.factory import make_source
 
-    fn = perturb.perturbations(WordNetSource())["synonym"]
+    fn = perturb.perturbations(make_source("wordnet", Settings(), usual_only=False))["synonym"]
     out = fn("a large dog runs on the grass", random.Random(0))
     assert out != "a large dog runs on the grass" and len(out.split()) >= 6
 

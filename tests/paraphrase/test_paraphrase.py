@@ -23,16 +23,20 @@ def test_substitution_variants_keep_stopwords_and_punctuation():
     assert substitution_variants("on the", lambda w: ["x"], 2) == []
 
 
-def test_wordnet_is_pos_aware_and_uses_phrases(wordnet):
-    syn = wordnet.synonyms("dog")
-    assert "domestic dog" in syn  # multi-word lemma as a phrase
-    out = wordnet.paraphrases("A dog on a beach", 2)
-    assert len(out) == 2 and all(p != "A dog on a beach" for p in out)
+def test_wordnet_offers_only_the_more_usual_wording_of_the_main_sense(wordnet):
+    assert wordnet.synonyms("kid") == ["child"]  # SemCor: child 148, kid 53
+    assert wordnet.synonyms("automobile") == ["car"]
+    assert wordnet.synonyms("car") == []  # already the usual word
+    assert wordnet.synonyms("man") == []  # not "military man": a rarer sense means something else
+    assert "movie" not in wordnet.synonyms("picture")
+    assert "way of life" in wordnet.synonyms("path")  # multi-word lemmas become phrases
+    out = wordnet.paraphrases("A kid in an automobile", 2)
+    assert out[0] == "A child in an car" and len(out) == 2 and "A kid in an automobile" not in out
 
 
 def test_wordnet_is_safe_under_concurrent_requests(wordnet):
     """The service calls it from several threads at once (NLTK's reader alone is not thread-safe)."""
-    words = ["car", "house", "tree", "river", "street", "horse", "table", "window", "plate", "train"] * 3
+    words = ["kid", "automobile", "photo", "airplane", "phone", "forest", "bathtub", "shop", "big", "someone"] * 3
     texts = [f"a {w} near a {v}" for w, v in zip(words, reversed(words))]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda t: wordnet.paraphrases(t, 2), texts))
@@ -56,6 +60,18 @@ def test_unconfigured_sources_say_so(tmp_path):
 def test_ppdb_drops_inflections(shared_data):
     from paraphrase.ppdb import PPDBSource
 
-    ppdb = PPDBSource(shared_data / "paraphrase/ppdb_lexical_synonyms.tsv")
+    ppdb = PPDBSource(shared_data / "paraphrase/ppdb_lexical_synonyms.tsv", usual_only=False)
     syn = ppdb.synonyms("dog")
     assert syn and "dogs" not in syn
+
+
+def test_ppdb_rewrites_only_toward_more_usual_caption_wording(shared_data):
+    from paraphrase.caption_bank import caption_word_counts
+    from paraphrase.ppdb import PPDBSource
+
+    ppdb = PPDBSource(shared_data / "paraphrase/ppdb_lexical_synonyms.tsv")
+    counts = caption_word_counts()
+    assert "child" in ppdb.synonyms("kid") and "lamb" not in ppdb.synonyms("kid")
+    assert ppdb.synonyms("man") == []  # "man" is already the usual word in captions
+    for word in ("kid", "automobile", "tiny", "guy"):
+        assert all(min(counts[w] for w in alt.split()) > counts[word] for alt in ppdb.synonyms(word))

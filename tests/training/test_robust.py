@@ -1,0 +1,98 @@
+"""The robust starter text tower: its recipe trains from data the package ships, a short run makes
+paraphrases closer, and the shipped tuned layers build a bundle in the starter's image space."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from core.encoder import Encoder
+from evaluation.data import read_pairs
+from training.recipe import load_recipe
+from training.trainer import Trainer
+
+
+@pytest.fixture(autouse=True)
+def _nltk(shared_data, monkeypatch):
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
+
+
+@pytest.fixture()
+def few_caption_sets(tmp_path):
+    """The first 400 paraphrase sets of the shipped captions (all 3,681 make the anchor targets slow)."""
+    from paraphrase.caption_bank import DEFAULT_TEXTS
+
+    lines = gzip.open(DEFAULT_TEXTS, "rt", encoding="utf-8").read().splitlines()
+    out = tmp_path / "captions.tsv"
+    ids = []
+    for line in lines[1:]:
+        image_id = line.split("\t", 1)[0]
+        if image_id not in ids:
+            ids.append(image_id)
+        if len(ids) > 400:
+            break
+    out.write_text("\n".join(line for line in lines if line.split("\t", 1)[0] in ids[:400]) + "\n")
+    return out
+
+
+def robust(starter_bundle, tmp_path, captions, *extra):
+    return load_recipe("robust-starter", [f"model.image_bundle={starter_bundle}", f"data.text_captions={captions}",
+                                          f"data.paraphrases.dataset={tmp_path / 'para.jsonl'}", *extra])
+
+
+def paraphrase_margin(tower, pairs) -> float:
+    """Mean cosine of paraphrase pairs minus that of mismatched pairs: how much closer rephrasings are."""
+    with torch.no_grad():
+        tower.eval()
+        a = tower.encode([x for x, _ in pairs]).numpy()
+        b = tower.encode([y for _, y in pairs]).numpy()
+    sims = a @ b.T
+    return float(np.diag(sims).mean() - sims[~np.eye(len(pairs), dtype=bool)].mean())
+
+
+def test_recipe_uses_the_shipped_data(starter_bundle, tmp_path):
+    spec = load_recipe("robust-starter", [f"model.image_bundle={starter_bundle}", "train.steps=null", "train.epochs=1",
+                                          f"data.paraphrases.dataset={tmp_path / 'para.jsonl'}", "objective.anchor_target=tower"])
+    trainer = Trainer(spec, tmp_path / "run")
+    assert len(trainer.data.captions) == 80  # the COCO-mini train photos, embedded by the frozen image tower
+    assert len(trainer.data.text_groups) == 3681  # the paraphrase sets of the shipped captions
+    # an epoch passes every paraphrase set once, not just the 80 photos
+    assert trainer.total_steps == -(-3681 // spec.data.text_per_batch)
+
+
+def test_short_run_brings_paraphrases_closer(starter_bundle, shared_data, tmp_path, few_caption_sets):
+    spec = robust(starter_bundle, tmp_path, few_caption_sets, "train.steps=25", "train.lr=1e-4", "data.text_per_batch=32",
+                  "train.batch_size=16", "train.wise_ft_alpha=1.0", "train.warmup_steps=2")
+    trainer = Trainer(spec, tmp_path / "run")
+    pairs = read_pairs(shared_data / "paraphrase/cxc_dev_pairs.tsv")[:120]  # never trained on
+    before = paraphrase_margin(trainer.tower, pairs)
+    targets = trainer.anchor_targets
+    assert targets is not None  # the recipe's anchor teaches the caption-bank expansion
+    some = trainer.data.text_groups[0][:2]
+    with torch.no_grad():
+        plain = trainer.original.encode(some)
+    assert torch.allclose(targets.of(some).norm(dim=-1), torch.ones(2), atol=1e-4)
+    assert float((targets.of(some) * plain).sum(-1).min()) < 0.999  # moved toward the neighbours
+    trainer.fit(progress=False)
+    after = paraphrase_margin(trainer.tower, pairs)
+    assert after > before + 0.005, (before, after)
+
+
+def test_shipped_layers_build_the_robust_starter(starter_bundle, tmp_path):
+    from training.export.starter import ROBUST_LAYERS, build_starter
+
+    card = json.loads(ROBUST_LAYERS.with_suffix(".json").read_text())
+    assert card["recipe"]["name"] == "robust-starter" and card["measured"]["robust"]["ao@10"] > card["measured"]["plain"]["ao@10"]
+    manifest = build_starter(tmp_path / "robust", int8=False, tuned_layers=ROBUST_LAYERS)
+    plain, tuned = Encoder(starter_bundle), Encoder(tmp_path / "robust")
+    assert manifest.name == "paraseek-starter-robust" and tuned.image_space == plain.image_space
+    assert manifest.source["robust_text_tower"]["recipe"]["name"] == "robust-starter"
+    texts = ["a dog on a beach", "two men playing frisbee in a park"]
+    assert np.abs(tuned.encode_text(texts) - plain.encode_text(texts)).max() > 1e-3  # the tuned layers are in
+    from core.demo import GALLERY_DIR
+    from PIL import Image
+
+    photo = [Image.open(next(GALLERY_DIR.glob("*.jpg"))).convert("RGB")]
+    np.testing.assert_allclose(tuned.encode_images(photo), plain.encode_images(photo), atol=1e-5)  # same image tower
