@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -32,6 +33,7 @@ from index.snapshot import (
     staging_dir,
     write_snapshot_files,
 )
+from index.vector_sources import VectorSource, iter_shards, open_vector_source
 
 log = logging.getLogger(__name__)
 RECALL_QUERIES = 1000
@@ -154,6 +156,19 @@ class VersionDraft:
     parent: str | None = None
 
 
+def bundle_ref(encoder: Encoder) -> BundleRef:
+    return BundleRef(name=encoder.name, version=encoder.version, image_space=encoder.image_space)
+
+
+def _manifest(draft: VersionDraft, ref: BundleRef, dim: int, spec: IndexSpec, recall: float | None,
+              n_queries: int) -> SnapshotManifest:
+    return SnapshotManifest(
+        version=draft.version, created_at=datetime.now(timezone.utc).isoformat(), parent=draft.parent,
+        bundle=ref, image_space=ref.image_space, count=len(draft.ids), dim=dim, index=spec,
+        recall_at_10=recall, recall_queries=n_queries, source=draft.provenance,
+    )
+
+
 def _finish(draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
             activate: bool = True) -> tuple[Path, SnapshotManifest]:
     """Build the index (unless given), measure its recall, write and publish the version."""
@@ -165,20 +180,7 @@ def _finish(draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
         index = train_and_add(create_index(spec, encoder.dim), d.vectors, d.ids)
     recall, n_queries = measure_recall(index, spec, d.vectors, d.ids, _recall_queries(encoder, d.metadata, d.vectors))
     write_snapshot_files(d.stage, index, d.ids, d.vectors, d.metadata, d.report)
-    manifest = SnapshotManifest(
-        version=d.version,
-        created_at=datetime.now(timezone.utc).isoformat(),
-        parent=d.parent,
-        bundle=BundleRef(name=encoder.name, version=encoder.version, image_space=encoder.image_space),
-        image_space=encoder.image_space,
-        count=len(d.ids),
-        dim=encoder.dim,
-        index=spec,
-        recall_at_10=recall,
-        recall_queries=n_queries,
-        source=d.provenance,
-    )
-    return publish(d.root, d.stage, manifest, activate=activate)
+    return publish(d.root, d.stage, _manifest(d, bundle_ref(encoder), encoder.dim, spec, recall, n_queries), activate=activate)
 
 
 def build_snapshot(
@@ -300,3 +302,142 @@ def update_snapshot(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return BuildResult(final, manifest, skipped)
+
+
+def build_snapshot_from_vectors(
+    source: str | Path | VectorSource,
+    out_root: str | Path,
+    *,
+    image_space: str,
+    bundle_name: str = "precomputed",
+    bundle_version: str = "",
+    metadata: str | Path | None = None,
+    spec: IndexSpec | None = None,
+    normalize: bool = False,
+    train_sample: int = 100_000,
+    chunk: int = 65_536,
+    progress: bool = True,
+    activate: bool = True,
+) -> BuildResult:
+    """Index precomputed image embeddings (``index.vector_sources`` layouts) into a new snapshot version.
+
+    ``image_space`` names the image tower the vectors came from: a bundle with that image space can
+    search the snapshot, any other is refused. Shards are streamed: vectors go to the version's
+    ``vectors.npy`` on disk one shard at a time, IVF/PQ quantisers train on a random sample of
+    ``train_sample`` rows, and the index takes the vectors back in chunks, so memory holds one shard,
+    the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit)."""
+    src = source if isinstance(source, VectorSource) else open_vector_source(source, metadata)
+    if not image_space.strip():
+        raise BuildError("name the image space the vectors came from (--image-space, or --bundle with that image tower)")
+    root = Path(out_root)
+    root.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(root)
+    version = new_version_name(root)
+    stage = staging_dir(root, version)
+    count, dim = src.count, src.dim
+    try:
+        start = time.perf_counter()
+        spec = (spec or IndexSpec()).resolved(count, dim)
+        vectors = np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(count, dim))
+        ids = np.empty(count, np.int64)
+        seen: dict[int, str] = {}
+        position = 0
+        with open(stage / "metadata.jsonl", "w", encoding="utf-8") as meta, \
+                tqdm(total=count, desc="reading vectors", unit="vec", disable=not progress) as bar:
+            for shard, shard_vectors, shard_ids, rows in iter_shards(src, normalize):
+                for row, image_id in enumerate(shard_ids.tolist()):
+                    if image_id in seen:
+                        raise BuildError(f"shard {shard.vectors.name} row {row}: id {image_id} already used in {seen[image_id]}")
+                    seen[image_id] = f"shard {shard.vectors.name} row {row}"
+                end = position + len(shard_ids)
+                vectors[position:end] = shard_vectors
+                ids[position:end] = shard_ids
+                for row_meta in rows:
+                    meta.write(json.dumps(row_meta, ensure_ascii=False) + "\n")
+                position = end
+                bar.update(len(shard_ids))
+        vectors.flush()
+        del seen
+        index = create_index(spec, dim)
+        rng = np.random.default_rng(0)
+        if not index.is_trained:
+            sample = np.sort(rng.choice(count, size=min(train_sample, count), replace=False))
+            index.train(np.ascontiguousarray(vectors[sample]))
+        if spec.type == "ivf_pq":
+            # faiss encodes a PQ batch through n x M x 2^nbits distance tables: keep them near 64 MB
+            chunk = max(256, min(chunk, (64 << 20) // ((spec.pq_m or 1) * (1 << spec.pq_nbits) * 4)))
+        for begin in tqdm(range(0, count, chunk), desc="indexing", unit="chunk", disable=not progress):
+            index.add_with_ids(np.ascontiguousarray(vectors[begin:begin + chunk]), ids[begin:begin + chunk])
+        seconds = time.perf_counter() - start
+        queries = np.asarray(vectors[np.sort(rng.choice(count, size=min(RECALL_QUERIES, count), replace=False))])
+        recall, n_queries = measure_recall(index, spec, vectors, ids, queries)
+        faiss.write_index(index, str(stage / "index.faiss"))
+        np.save(stage / "ids.npy", ids)
+        report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
+                  "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1)}
+        (stage / "report.json").write_text(json.dumps(report, indent=2))
+        provenance = {"kind": f"vectors:{src.kind}", "root": str(src.root.resolve()),
+                      "shards": [s.vectors.name for s in src.shards]}
+        draft = VersionDraft(root, stage, version, vectors, ids, [], provenance, report)
+        ref = BundleRef(name=bundle_name, version=bundle_version, image_space=image_space)
+        del vectors  # the memmap is closed before the files are checksummed
+        final, manifest = publish(root, stage, _manifest(draft, ref, dim, spec, recall, n_queries), activate=activate)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
+        raise
+    return BuildResult(final, manifest, [], count / max(seconds, 1e-9))
+
+
+def export_snapshot_vectors(snapshot: str | Path, out: str | Path, *, shard_size: int = 1_000_000,
+                            metadata_format: str = "parquet", progress: bool = True) -> list[Path]:
+    """Write a snapshot's vectors and metadata back out in clip-retrieval's layout
+    (``img_emb/img_emb_{i}.npy`` + ``metadata/metadata_{i}.{parquet|jsonl}``, an ``id`` column first),
+    which ``build_snapshot_from_vectors`` reads back as it is."""
+    if metadata_format not in ("parquet", "jsonl"):
+        raise BuildError(f"metadata format must be parquet or jsonl, not {metadata_format!r}")
+    snap = Snapshot.load(snapshot)
+    out = Path(out)
+    (out / "img_emb").mkdir(parents=True, exist_ok=True)
+    (out / "metadata").mkdir(parents=True, exist_ok=True)
+    vectors = snap.vectors()
+    written = []
+    for number, begin in enumerate(tqdm(range(0, len(snap.ids), shard_size), desc="exporting", unit="shard", disable=not progress)):
+        ids = snap.ids[begin:begin + shard_size]
+        np.save(out / "img_emb" / f"img_emb_{number}.npy", np.asarray(vectors[begin:begin + shard_size], np.float32))
+        rows = [_export_row(snap.metadata.get(int(i), {}), int(i)) for i in ids]
+        target = out / "metadata" / f"metadata_{number}.{metadata_format}"
+        if metadata_format == "parquet":
+            try:
+                import pyarrow as pa  # optional: only parquet output needs it
+                import pyarrow.parquet as pq
+            except ImportError as exc:
+                raise BuildError("parquet output needs pyarrow (pip install pyarrow), or use --format jsonl") from exc
+            pq.write_table(pa.Table.from_pylist(rows), target)
+        else:
+            with open(target, "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        written.append(target)
+    (out / "image_space.txt").write_text(snap.manifest.image_space + "\n")
+    return written
+
+
+def _export_row(meta: dict, image_id: int) -> dict:
+    """A snapshot metadata row in the flat column names clip-retrieval users read (id, image_path,
+    caption, url, license, then user fields); nested values become JSON text."""
+    row: dict = {"id": image_id}
+    if meta.get("path"):
+        row["image_path"] = meta["path"]
+    if meta.get("captions"):
+        row["caption"] = meta["captions"][0]
+        if len(meta["captions"]) > 1:
+            row["captions"] = json.dumps(meta["captions"])
+    url = meta.get("url") or meta.get("coco_url") or meta.get("flickr_url")
+    if url:
+        row["url"] = url
+    if meta.get("license"):
+        lic = meta["license"]
+        row["license"] = lic.get("name") if isinstance(lic, dict) and set(lic) == {"name"} else json.dumps(lic)
+    for key, value in (meta.get("fields") or {}).items():
+        row.setdefault(key, value)
+    return row

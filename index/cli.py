@@ -10,11 +10,12 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from core.bundle import read_manifest
 from core.cli_support import console, err, user_errors
 from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
-from index.builder import build_snapshot, update_snapshot
+from index.builder import build_snapshot, build_snapshot_from_vectors, export_snapshot_vectors, update_snapshot
 from index.faiss_index import IndexSpec
 from index.snapshot import SearchHit, Snapshot, read_snapshot_manifest, resolve
 
@@ -53,7 +54,13 @@ def print_results(query: str, hits: list[SearchHit]) -> None:
 @app.command("build")
 @user_errors
 def build_cmd(
-    source: Path = typer.Argument(..., help="Image folder, or a COCO-format captions/instances JSON."),
+    source: Optional[Path] = typer.Argument(None, help="Image folder, or a COCO-format captions/instances JSON."),
+    embeddings: Optional[Path] = typer.Option(None, help="Index precomputed vectors instead: a .npy (N, D) file, a folder "
+                                              "of .npy shards, or clip-retrieval's output folder (img_emb/ + metadata/)."),
+    metadata: Optional[Path] = typer.Option(None, help="With a single .npy: its metadata (.parquet, .jsonl, .csv)."),
+    image_space: Optional[str] = typer.Option(None, help="With --embeddings: the image space the vectors came from "
+                                              "(default: that of --bundle's image tower)."),
+    normalize: bool = typer.Option(False, help="With --embeddings: L2-normalise vectors that are not (else refused)."),
     bundle: Optional[Path] = typer.Option(None, help="Bundle with an image tower (default: the starter)."),
     out: Optional[Path] = typer.Option(None, help="Snapshot root (default: $PARASEEK_HOME/snapshots/demo)."),
     images: Optional[Path] = typer.Option(None, help="Image folder of a COCO JSON (default: beside it)."),
@@ -62,19 +69,47 @@ def build_cmd(
     batch_size: int = typer.Option(32, min=1),
     workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),
 ):
-    """Embed a source into a new snapshot version and publish it."""
+    """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
+    if (source is None) == (embeddings is None):
+        raise UserError("give an image source or --embeddings PATH (one of the two)")
     spec = index_spec(index_type, params)
-    result = build_snapshot(
-        source, load_encoder(bundle), out or Settings().snapshot_root, spec=spec, image_root=images,
-        batch_size=batch_size, workers=workers,
-    )
+    out = out or Settings().snapshot_root
+    if source is None:
+        assert embeddings is not None  # exactly one of the two, checked above
+        if image_space is None:
+            manifest = read_manifest(bundle or Settings().bundle_dir, verify=False)
+            image_space, name, version = manifest.image_space, manifest.name, manifest.version
+        else:
+            name, version = "precomputed", ""
+        result = build_snapshot_from_vectors(embeddings, out, image_space=image_space, bundle_name=name,
+                                             bundle_version=version, metadata=metadata, spec=spec, normalize=normalize)
+        unit = "vectors"
+    else:
+        result = build_snapshot(
+            source, load_encoder(bundle), out, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
+        )
+        unit = "images"
     m = result.manifest
     console.print(
-        f"published {m.version}: {m.count} images, index {m.index.type}, "
-        f"{result.images_per_second:.1f} images/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
+        f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
+        f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
     )
     for item in result.skipped:
         err.print(f"skipped {item['path']}: {item['error']}", highlight=False)
+
+
+@app.command("export")
+@user_errors
+def export_cmd(
+    snapshot: Path = typer.Argument(..., help="Snapshot root or version folder."),
+    out: Path = typer.Option(..., help="Folder to write img_emb/ and metadata/ into."),
+    shard_size: int = typer.Option(1_000_000, min=1, help="Vectors per shard."),
+    metadata_format: str = typer.Option("parquet", "--format", help="parquet | jsonl"),
+):
+    """Write a snapshot's vectors and metadata out in clip-retrieval's layout (img_emb/ + metadata/)."""
+    written = export_snapshot_vectors(snapshot, out, shard_size=shard_size, metadata_format=metadata_format)
+    console.print(f"{len(written)} shard(s) written to {out}; build them back with "
+                  f"paraseek index build --embeddings {out} --image-space \"$(cat {out}/image_space.txt)\"")
 
 
 @app.command("update")

@@ -119,10 +119,16 @@ def set_threads(threads: int | None) -> None:
         faiss.omp_set_num_threads(int(threads))
 
 
-def exact_search(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
-    """Ground-truth top-k ids by brute force (used to measure approximate indexes' recall)."""
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    flat.add(np.ascontiguousarray(vectors, dtype=np.float32))
-    _, pos = flat.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(ids)))
-    return ids[pos]
-
+def exact_search(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int, chunk: int = 16_384) -> np.ndarray:
+    """Ground-truth top-k ids by brute force (used to measure approximate indexes' recall), chunk by
+    chunk over ``vectors`` so that a memory-mapped collection is never held in memory whole."""
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    k = min(k, len(ids))
+    heap = faiss.ResultHeap(len(q), k)  # running top-k over the chunks (negated: the heap keeps the smallest)
+    for begin in range(0, len(vectors), chunk):
+        flat = faiss.IndexFlatIP(q.shape[1])
+        flat.add(np.ascontiguousarray(vectors[begin:begin + chunk], dtype=np.float32))
+        scores, rows = flat.search(q, min(k, flat.ntotal))
+        heap.add_result(-scores, rows + begin)
+    heap.finalize()
+    return ids[heap.I]
