@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from core.encoder import Encoder
 from core.errors import UserError
 from core.rank_metrics import overlap_recall
 from index.faiss_index import IndexSpec, create_index, exact_search, train_and_add
-from index.image_sources import ImageRecord, ImageSource, open_source
+from index.image_sources import ImageRecord, ImageSource, open_source, read_member
 from index.snapshot import (
     BundleRef,
     Snapshot,
@@ -55,8 +56,9 @@ def _decode(encoder: Encoder, root: Path, record: ImageRecord):
     """-> (pixels, width, height) or an error string; never raises (bad files are reported)."""
     from PIL import Image, UnidentifiedImageError
 
-    path = root / record.path
     try:
+        # a tar shard's member is read in place; a file is opened by path
+        path = io.BytesIO(read_member(root, record)) if record.member is not None else root / record.path
         with Image.open(path) as im:
             im.load()  # forces a full decode: truncated files fail here, not later
             width, height = im.size
@@ -95,8 +97,9 @@ def embed_records(
         # map keeps input order and decodes ahead of the encoder, bounded by the pool's queue
         for done, (record, result) in enumerate(zip(records, pool.map(lambda r: _decode(encoder, root, r), records)), 1):
             if isinstance(result, str):
-                skipped.append({"path": record.path, "error": result})
-                log.warning("skipped %s: %s", record.path, result)
+                where = f"{record.path}:{record.member}" if record.member else record.path
+                skipped.append({"path": where, "error": result})
+                log.warning("skipped %s: %s", where, result)
             else:
                 pixels, width, height = result
                 pending.append((pixels, record))

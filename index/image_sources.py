@@ -1,9 +1,14 @@
-"""Image sources: an image folder, or a COCO-format captions/instances JSON plus its image folder."""
+"""Image sources: an image folder, a COCO-format captions/instances JSON plus its image folder, or
+webdataset tar shards (``{00000..00099}.tar`` of ``KEY.jpg`` + ``KEY.txt``/``KEY.json``), whose
+images are read in place from the tar files, never unpacked to disk."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +28,11 @@ class ImageRecord:
     license: dict | None = None
     flickr_url: str | None = None
     coco_url: str | None = None
+    url: str | None = None
+    # an image inside a tar shard (``path``): the member's name and where its bytes lie in the file
+    member: str | None = None
+    offset: int | None = None
+    size: int | None = None
 
 
 def path_id(relative_path: str) -> int:
@@ -35,7 +45,7 @@ def path_id(relative_path: str) -> int:
 class ImageSource:
     root: Path
     records: list[ImageRecord]
-    kind: str  # "folder" | "coco"
+    kind: str  # "folder" | "coco" | "webdataset"
     annotations: Path | None = None
     # files refused before decoding ({path, error}): links or names that lead outside ``root``
     rejected: list[dict] = field(default_factory=list)
@@ -109,15 +119,104 @@ def _coco(annotations: Path, image_root: Path | None) -> ImageSource:
     return ImageSource(root=root, records=records, kind="coco", annotations=annotations)
 
 
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """webdataset's shard patterns: ``shards/{00000..00009}.tar`` (zero padding kept) and ``{a,b}``."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if not match:
+        return [pattern]
+    head, tail, body = pattern[: match.start()], pattern[match.end():], match.group(1)
+    numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numeric:
+        first, last = numeric.groups()
+        width = len(first) if first.startswith("0") else 0
+        options = [str(n).zfill(width) for n in range(int(first), int(last) + 1)]
+    else:
+        options = body.split(",")
+    return [name for option in options for name in expand_braces(head + option + tail)]
+
+
+def _tar_shard(root: Path, shard: Path, rejected: list[dict]) -> list[ImageRecord]:
+    """Records of one webdataset shard: members grouped by key (name up to the first dot after the
+    last slash); an image member with the caption of ``KEY.txt`` or ``KEY.json`` (caption/text, plus
+    key/url/license). Only the tar headers are read here."""
+    relative = shard.relative_to(root).as_posix()
+    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    try:
+        with tarfile.open(shard, mode="r:") as tar:  # uncompressed: members can be read in place
+            for info in tar:
+                if info.isfile():
+                    folder, _, name = info.name.rpartition("/")
+                    key, dot, ext = name.partition(".")
+                    groups.setdefault(f"{folder}/{key}" if folder else key, {})[f"{dot}{ext}".lower()] = info
+            texts = {k: {ext: tar.extractfile(m).read() for ext, m in g.items() if ext in (".txt", ".json")}  # type: ignore[union-attr]
+                     for k, g in groups.items()}
+    except (tarfile.TarError, OSError) as exc:
+        rejected.append({"path": relative, "error": f"not a readable tar shard: {exc}"})
+        return []
+    records = []
+    for key, members in groups.items():
+        image = next((m for ext, m in members.items() if ext in IMAGE_EXTENSIONS), None)
+        if image is None:
+            continue
+        info: dict = {}
+        if ".json" in texts[key]:
+            try:
+                loaded = json.loads(texts[key][".json"])
+                info = loaded if isinstance(loaded, dict) else {}
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                rejected.append({"path": f"{relative}:{key}.json", "error": "not JSON; the image is indexed without it"})
+        caption = texts[key][".txt"].decode("utf-8", "replace").strip() if ".txt" in texts[key] else \
+            str(info.get("caption") or info.get("text") or "").strip()
+        raw_key = str(info.get("key") or key.rpartition("/")[2])
+        licence = info.get("license") or info.get("LICENSE")
+        records.append(ImageRecord(
+            id=int(raw_key) if raw_key.isdigit() else path_id(f"{relative}:{image.name}"), path=relative,
+            captions=[caption] if caption else [], url=info.get("url"),
+            license=licence if isinstance(licence, dict) else ({"name": str(licence)} if licence else None),
+            member=image.name, offset=image.offset_data, size=image.size,
+        ))
+    return records
+
+
+def _webdataset(root: Path, shards: list[Path]) -> ImageSource:
+    rejected: list[dict] = []
+    records = [rec for shard in shards for rec in _tar_shard(root, shard, rejected)]
+    return ImageSource(root=root, records=records, kind="webdataset", rejected=rejected)
+
+
+def read_member(root: Path, record: ImageRecord) -> bytes:
+    """The bytes of an image inside a tar shard, read at its offset (no unpacking)."""
+    with open(root / record.path, "rb") as f:
+        f.seek(int(record.offset or 0))
+        data = f.read(int(record.size or 0))
+    if len(data) != record.size:
+        raise OSError(f"{record.path}:{record.member} is truncated")
+    return data
+
+
 def open_source(source: str | Path, image_root: str | Path | None = None, follow_symlinks: bool = False) -> ImageSource:
     """``source`` is an image folder, or a COCO JSON (images in ``image_root``, default: beside it,
     or a folder next to it named like the split, e.g. ``val2017`` for ``captions_val2017.json``).
 
     Files whose real location is outside that folder are refused (listed in ``rejected``) unless
     ``follow_symlinks``."""
+    if "{" in str(source) and str(source).endswith(".tar"):
+        shards = [Path(p) for p in expand_braces(str(source))]
+        missing = [p for p in shards if not p.is_file()]
+        if missing:
+            raise ImageSourceError(f"shard {missing[0]} does not exist ({len(missing)} of {len(shards)} missing)")
+        return _checked(_webdataset(Path(os.path.commonpath([p.parent for p in shards])), shards), source, follow_symlinks)
     source = Path(source)
     if not source.exists():
         raise ImageSourceError(f"source {source} does not exist")
+    if source.is_file() and source.suffix == ".tar":
+        return _checked(_webdataset(source.parent, [source]), source, follow_symlinks)
+    if source.is_dir() and (shards := sorted(source.glob("*.tar"))) and not any(
+            p.suffix.lower() in IMAGE_EXTENSIONS for p in source.iterdir()):
+        return _checked(_webdataset(source, shards), source, follow_symlinks)
     if source.is_dir():
         src = _folder(source)
     elif source.suffix.lower() == ".json":
@@ -129,6 +228,10 @@ def open_source(source: str | Path, image_root: str | Path | None = None, follow
         src = _coco(source, root)
     else:
         raise ImageSourceError(f"source {source} is neither an image folder nor a COCO .json file")
+    return _checked(src, source, follow_symlinks)
+
+
+def _checked(src: ImageSource, source, follow_symlinks: bool) -> ImageSource:
     if not src.records:
         raise ImageSourceError(f"source {source} contains no images")
     src = _confine(src, follow_symlinks)

@@ -292,8 +292,10 @@ class Snapshot:
         ]
 
     def image_path(self, image_id: int) -> Path | None:
+        """The file of an indexed image (for an image inside a tar shard: the shard, see
+        ``image_member``); None when there is none to serve (precomputed vectors without paths)."""
         row = self.metadata.get(int(image_id))
-        if row is None:
+        if row is None or not row.get("path"):
             return None
         root = Path(self.manifest.source.get("root", ""))
         recorded = Path(row["path"])
@@ -306,6 +308,13 @@ class Snapshot:
             except (OSError, RuntimeError, ValueError):
                 return None
         return path
+
+    def image_member(self, image_id: int) -> tuple[str, int, int] | None:
+        """(member name, offset, size) of an image indexed from a webdataset tar shard, else None."""
+        row = self.metadata.get(int(image_id)) or {}
+        if row.get("member") is None:
+            return None
+        return str(row["member"]), int(row["offset"]), int(row["size"])
 
     def vectors(self) -> np.ndarray:
         return np.load(self.path / "vectors.npy", mmap_mode="r")

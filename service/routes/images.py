@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import mimetypes
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, Response
 
 from service.deps import get_engine
 from service.engine import SearchEngine
@@ -27,4 +29,17 @@ async def get_image(image_id: ImageId, engine: SearchEngine = Depends(get_engine
         raise HTTPException(404, f"no image with id {image_id} in snapshot {snap.version}")
     if not path.is_file():
         raise HTTPException(404, f"image {image_id} is indexed but its file is gone")
+    member = snap.image_member(int(image_id))
+    if member is not None:  # an image inside a webdataset tar shard: its bytes only, never the shard
+        name, offset, size = member
+        data = await run_in_threadpool(_read_range, path, offset, size)
+        if len(data) != size:
+            raise HTTPException(404, f"image {image_id} is indexed but its tar shard is truncated")
+        return Response(data, media_type=mimetypes.guess_type(name)[0] or "application/octet-stream")
     return FileResponse(path)
+
+
+def _read_range(path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)

@@ -1,0 +1,74 @@
+"""Webdataset tar shards as an image source: indexed in place, searched, and served by the API."""
+
+import io
+import json
+import tarfile
+
+from fastapi.testclient import TestClient
+
+from core.demo import GALLERY_DIR
+from index.builder import build_snapshot
+from index.image_sources import expand_braces, open_source
+from index.snapshot import Snapshot
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shards(folder, photos, per_shard=3):
+    """{00000..0000N}.tar: KEY.jpg with KEY.txt (first shard) or KEY.json (others), one broken image."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for shard, start in enumerate(range(0, len(photos), per_shard)):
+        name = folder / f"{shard:05d}.tar"
+        with tarfile.open(name, "w") as tar:
+            for i, photo in enumerate(photos[start:start + per_shard]):
+                key = f"{shard:05d}{i:04d}"
+                add(tar, f"{key}.jpg", photo.read_bytes())
+                if shard == 0:
+                    add(tar, f"{key}.txt", f"caption of {key}".encode())
+                else:
+                    add(tar, f"{key}.json", json.dumps({"caption": f"caption of {key}", "url": f"http://x/{key}.jpg",
+                                                        "license": "CC BY 2.0"}).encode())
+            if shard == 1:
+                add(tar, "broken.jpg", b"not a jpeg at all")
+        names.append(name)
+    return names
+
+
+def test_brace_patterns_expand_like_webdataset():
+    assert expand_braces("s/{00000..00002}.tar") == ["s/00000.tar", "s/00001.tar", "s/00002.tar"]
+    assert expand_braces("{a,b}-{1..2}.tar") == ["a-1.tar", "a-2.tar", "b-1.tar", "b-2.tar"]
+
+
+def test_tar_shards_are_indexed_in_place_and_served(starter_encoder, make_settings, tmp_path):
+    photos = sorted(GALLERY_DIR.glob("*.jpg"))[:7]
+    write_shards(tmp_path / "wds", photos)
+    source = open_source(f"{tmp_path / 'wds'}/{{00000..00002}}.tar")
+    assert source.kind == "webdataset" and len(source.records) == 8  # 7 photos + the broken member
+    assert not list((tmp_path / "wds").glob("*.jpg"))  # nothing unpacked
+    result = build_snapshot(f"{tmp_path / 'wds'}/{{00000..00002}}.tar", starter_encoder, tmp_path / "snap", progress=False)
+    assert result.manifest.count == 7
+    assert [s["path"] for s in result.skipped] == ["00001.tar:broken.jpg"]  # reported and skipped
+    snap = Snapshot.load(tmp_path / "snap")
+    meta = snap.metadata[10001]  # key "000010001": photo 2 of shard 1
+    assert meta["captions"] == ["caption of 000010001"] and meta["url"] == "http://x/000010001.jpg"
+    assert meta["license"] == {"name": "CC BY 2.0"} and meta["path"] == "00001.tar"
+    assert snap.metadata[1]["captions"] == ["caption of 000000001"]  # from the .txt member
+    # the same photo found by its own image vector, from the shard, ranks first
+    query = starter_encoder.encode_images([__import__("PIL.Image", fromlist=["Image"]).open(photos[4]).convert("RGB")])
+    assert snap.search(query, 1)[0][0].id == 10001
+    with TestClient(__import__("service.main", fromlist=["create_app"]).create_app(make_settings(snapshot=tmp_path / "snap"))) as c:
+        image = c.get("/v1/images/10001")
+        assert image.status_code == 200 and image.headers["content-type"] == "image/jpeg"
+        assert image.content == photos[4].read_bytes()  # the member's bytes, not the tar
+
+
+def test_folder_of_shards_and_a_single_shard(starter_encoder, tmp_path):
+    photos = sorted(GALLERY_DIR.glob("*.jpg"))[:4]
+    shards = write_shards(tmp_path / "wds", photos, per_shard=2)
+    assert open_source(tmp_path / "wds").kind == "webdataset"
+    assert len(open_source(shards[0]).records) == 2
