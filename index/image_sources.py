@@ -146,11 +146,11 @@ def _tar_shard(root: Path, shard: Path, rejected: list[dict]) -> list[ImageRecor
     groups: dict[str, dict[str, tarfile.TarInfo]] = {}
     try:
         with tarfile.open(shard, mode="r:") as tar:  # uncompressed: members can be read in place
-            for info in tar:
-                if info.isfile():
-                    folder, _, name = info.name.rpartition("/")
+            for member in tar:
+                if member.isfile():
+                    folder, _, name = member.name.rpartition("/")
                     key, dot, ext = name.partition(".")
-                    groups.setdefault(f"{folder}/{key}" if folder else key, {})[f"{dot}{ext}".lower()] = info
+                    groups.setdefault(f"{folder}/{key}" if folder else key, {})[f"{dot}{ext}".lower()] = member
             texts = {k: {ext: tar.extractfile(m).read() for ext, m in g.items() if ext in (".txt", ".json")}  # type: ignore[union-attr]
                      for k, g in groups.items()}
     except (tarfile.TarError, OSError) as exc:
