@@ -12,7 +12,7 @@ import typer
 
 from core.cli_support import console, err, user_errors
 from core.errors import UserError
-from loadtests import bench_encoder, bench_index, bench_service  # bench_encoder imports torch only when run
+from loadtests import bench_encoder, bench_index, bench_service, bench_vectors  # bench_encoder imports torch only when run
 from loadtests.load import run_load
 
 app = typer.Typer(help="Benchmarks (print side-by-side ratios measured in one run).", no_args_is_help=True)
@@ -32,6 +32,12 @@ def encoder_cmd(
 def index_cmd(ctx: typer.Context):
     """Build throughput; flat/HNSW/IVF latency, QPS and recall at 10K-1M (options: --sizes, --kinds, --data)."""
     sys.exit(bench_index.main(ctx.args))
+
+
+@app.command("vectors", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def vectors_cmd(ctx: typer.Context):
+    """Snapshots from precomputed vectors in shards: vectors/s, peak RSS, x the time to read the shards (--count, --shards)."""
+    sys.exit(bench_vectors.main(ctx.args))
 
 
 @app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -47,8 +47,8 @@ def seed_everything(seed: int) -> None:
 
 
 def _resolve_image_bundle(spec: str) -> Path:
-    if spec == "starter":
-        return ensure_starter_bundle(Settings().starter_bundle_dir)
+    if spec == "starter":  # the frozen image tower: the same in the plain and the robust starter
+        return ensure_starter_bundle(Settings().plain_starter_bundle_dir)
     return Path(spec)
 
 

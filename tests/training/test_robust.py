@@ -96,3 +96,27 @@ def test_shipped_layers_build_the_robust_starter(starter_bundle, tmp_path):
 
     photo = [Image.open(next(GALLERY_DIR.glob("*.jpg"))).convert("RGB")]
     np.testing.assert_allclose(tuned.encode_images(photo), plain.encode_images(photo), atol=1e-5)  # same image tower
+
+
+def test_embedded_default_serves_the_robust_starter(tmp_path, monkeypatch):
+    from core.bundle import read_manifest
+    from core.settings import Settings
+    from training.embedded import ensure_embedded_default
+
+    monkeypatch.setenv("PARASEEK_HOME", str(tmp_path / "home"))
+    settings = Settings()
+    assert settings.starter == "robust" and settings.bundle_dir == tmp_path / "home/bundles/starter-robust"
+    bundle, snapshot = ensure_embedded_default(settings, progress=False, with_bank=False)
+    assert read_manifest(bundle).name == "paraseek-starter-robust"
+    assert (snapshot / "current").is_file()
+    monkeypatch.setenv("PARASEEK_STARTER", "plain")
+    assert Settings().bundle_dir == tmp_path / "home/bundles/starter"  # the plain starter stays selectable
+
+
+def test_train_flags_need_robust(tmp_path):
+    from typer.testing import CliRunner
+
+    from paraseek.cli import app
+
+    result = CliRunner().invoke(app, ["models", "build-starter", "--train", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "--robust only" in result.output

@@ -1,0 +1,101 @@
+"""Bring-your-own-embeddings benchmark, one run: build snapshots from precomputed vectors in .npy shards
+(the synthetic mix of ``bench_index``, 1M x 512 by default) with ``build_snapshot_from_vectors``, flat
+and IVF, each in a fresh process; print vectors/s, peak RSS, and the ratio of each build's time to the
+time it takes just to read the shards from disk (the floor of any streamed build). Medians of
+``--repeats`` runs.
+
+    python -m loadtests.bench_vectors [--count 1000000] [--shards 10] [--repeats 3] [--data ../shared/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from loadtests.bench_index import DEFAULT_DATA, synthetic_collection
+
+BUILD = """
+import json, resource, sys, time
+from index.builder import build_snapshot_from_vectors
+from index.faiss_index import IndexSpec
+spec = IndexSpec.model_validate_json(sys.argv[3])
+t0 = time.perf_counter()
+result = build_snapshot_from_vectors(sys.argv[1], sys.argv[2], image_space="bench/space", spec=spec, progress=False)
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "recall": result.manifest.recall_at_10,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+READ = """
+import json, resource, sys, time
+from pathlib import Path
+import numpy as np
+t0 = time.perf_counter()
+total = 0.0
+for shard in sorted(Path(sys.argv[1]).glob("*.npy")):
+    total += float(np.load(shard)[:, 0].sum())  # read every shard into memory, once
+print(json.dumps({"seconds": time.perf_counter() - t0,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def write_shards(folder: Path, count: int, shards: int, data: Path) -> int:
+    feats = np.load(data / "clip-vitb16-coco500" / "features_clip.npy")
+    rng = np.random.default_rng(0)
+    per = -(-count // shards)
+    for number, start in enumerate(range(0, count, per)):
+        np.save(folder / f"emb_{number:04d}.npy", synthetic_collection(feats[0].astype(np.float32), min(per, count - start), rng))
+    return sum(p.stat().st_size for p in folder.glob("*.npy"))
+
+
+def run(script: str, *args: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=1_000_000)
+    p.add_argument("--shards", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--nlist", type=int, default=1024, help="IVF lists (trained on a 100K sample)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    args = p.parse_args(argv)
+    specs = {"flat": {"type": "flat"}, "ivf_flat": {"type": "ivf_flat", "nlist": args.nlist, "nprobe": 32},
+             "ivf_pq": {"type": "ivf_pq", "nlist": args.nlist, "nprobe": 32, "pq_m": 64}}
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = Path(tmp) / "shards"
+        shards.mkdir()
+        size = write_shards(shards, args.count, args.shards, args.data)
+        print(f"{args.count:,} vectors x 512 float32 in {args.shards} .npy shards ({size / 2**20:.0f} MB); "
+              f"medians of {args.repeats} runs, each build in a fresh process", flush=True)
+        reads = [run(READ, str(shards)) for _ in range(args.repeats)]
+        read_s = statistics.median(r["seconds"] for r in reads)
+        print(f"\n{'build':10} {'seconds':>8} {'vectors/s':>11} {'x read time':>11} {'peak RSS MB':>11} {'recall@10':>9}")
+        print(f"{'read only':10} {read_s:8.2f} {args.count / read_s:11,.0f} {1.0:11.2f} "
+              f"{statistics.median(r['peak_rss_mb'] for r in reads):11.0f} {'':>9}", flush=True)
+        for name, spec in specs.items():
+            rows = []
+            for repeat in range(args.repeats):
+                rows.append(run(BUILD, str(shards), str(Path(tmp) / f"snap-{name}-{repeat}"), json.dumps(spec)))
+            seconds = statistics.median(r["seconds"] for r in rows)
+            recall = rows[0]["recall"]
+            print(f"{name:10} {seconds:8.2f} {args.count / seconds:11,.0f} {seconds / read_s:11.2f} "
+                  f"{statistics.median(r['peak_rss_mb'] for r in rows):11.0f} {'exact' if recall is None else f'{recall:.3f}':>9}",
+                  flush=True)
+    print(f"\n(this process: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB while writing the shards)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
