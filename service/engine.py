@@ -216,18 +216,21 @@ class SearchEngine:
         return self.active
 
     # -- paraphrase sources ----------------------------------------------------------------------
-    def paraphrase_source(self, method: str, field: str) -> ParaphraseSource:
+    def paraphrase_source(self, method: str, field: str, usual_only: bool = True) -> ParaphraseSource:
+        """``usual_only``: expansion rewrites toward more usual wording (which raises consistency); a
+        consistency report asks for every reliable rephrasing instead (it tests the answers' stability)."""
+        key = f"{method}:{usual_only}"
         with self._sources_lock:
-            if method not in self._sources:
+            if key not in self._sources:
                 try:
-                    self._sources[method] = make_source(method, self.settings)
+                    self._sources[key] = make_source(method, self.settings, usual_only=usual_only)
                 except ParaphraseSourceUnavailable as exc:
                     raise RequestError(field, f"{method} is unavailable: {exc}", status=400) from exc
-            return self._sources[method]
+            return self._sources[key]
 
-    async def paraphrases(self, text: str, method: str, n: int, field: str) -> list[str]:
+    async def paraphrases(self, text: str, method: str, n: int, field: str, usual_only: bool = True) -> list[str]:
         # loading a source reads files (WordNet takes seconds): never on the event loop
-        source = await asyncio.to_thread(self.paraphrase_source, method, field)
+        source = await asyncio.to_thread(self.paraphrase_source, method, field, usual_only)
         try:
             # LLM calls block on the network: keep them off the event loop
             return await asyncio.to_thread(source.paraphrases, text, n)
@@ -390,7 +393,7 @@ class SearchEngine:
                 paraphrases = list(c.paraphrases)
             else:
                 assert req.query is not None and c.auto is not None
-                paraphrases = await self.paraphrases(req.query, c.method, c.auto, "consistency.method")
+                paraphrases = await self.paraphrases(req.query, c.method, c.auto, "consistency.method", usual_only=False)
             for i, p in enumerate(paraphrases):
                 if len(p) > self.settings.max_query_chars:
                     raise RequestError(f"consistency.paraphrases.{i}", "paraphrase is too long")

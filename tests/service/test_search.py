@@ -73,7 +73,7 @@ def test_consistency_auto_uses_generated_paraphrases(client):
 
 
 def test_expansion_is_mean_of_normalised_embeddings(client, direct):
-    query = "a dog on a beach"
+    query = "a kid in a big automobile"  # WordNet's more usual wording: child, large, car
     r = client.post("/v1/search", json={"query": query, "k": 10, "expansion": {"method": "wordnet", "n": 2}})
     assert r.status_code == 200
     body = r.json()
@@ -87,13 +87,13 @@ def test_expansion_is_mean_of_normalised_embeddings(client, direct):
 
 
 def test_expansion_rrf(client, direct):
-    r = client.post("/v1/search", json={"query": "a red bus", "k": 5, "expansion": {"method": "wordnet", "n": 2, "fusion": "rrf"}})
+    r = client.post("/v1/search", json={"query": "a photo of a big airplane", "k": 5, "expansion": {"method": "wordnet", "n": 2, "fusion": "rrf"}})
     assert r.status_code == 200
     body = r.json()
     # reciprocal-rank fusion computed by hand from the query's and each expansion's own top lists
     enc, snap = direct
     k_search = 5
-    _, ids = snap.search_ids(enc.encode_text(["a red bus", *body["expansions"]]), k_search)
+    _, ids = snap.search_ids(enc.encode_text(["a photo of a big airplane", *body["expansions"]]), k_search)
     fused: dict[int, float] = {}
     for row in ids:
         for rank, i in enumerate(row.tolist()):
@@ -109,7 +109,7 @@ def test_ppdb_expansion(make_settings, shared_data):
     from service.main import create_app
 
     with TestClient(create_app(make_settings(ppdb_path=shared_data / "paraphrase/ppdb_lexical_synonyms.tsv"))) as c:
-        r = c.post("/v1/search", json={"query": "a dog in a car", "expansion": {"method": "ppdb", "n": 2}})
+        r = c.post("/v1/search", json={"query": "a kid in an automobile", "expansion": {"method": "ppdb", "n": 2}})
         assert r.status_code == 200 and len(r.json()["expansions"]) == 2
 
 
@@ -430,7 +430,7 @@ def test_bank_missing_or_of_another_bundle_is_a_400(make_settings, tmp_path):
 
 def test_guard_drops_rewrites_far_from_the_query(client, direct):
     enc, snap = direct
-    query = "a dog on a beach"
+    query = "a kid in a big automobile"
     free = client.post("/v1/search", json={"query": query, "expansion": {"method": "wordnet", "n": 4}}).json()
     rewrites = free["expansions"]
     cos = enc.encode_text(rewrites) @ enc.encode_text([query])[0]

@@ -33,7 +33,7 @@ def few_caption_sets(tmp_path):
             ids.append(image_id)
         if len(ids) > 400:
             break
-    out.write_text("\n".join(line for line in lines if line.split("\t", 1)[0] in ids[:400]) + "\n")
+    out.write_text("\n".join([lines[0], *(line for line in lines[1:] if line.split("\t", 1)[0] in ids[:400])]) + "\n")
     return out
 
 
