@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--shards", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--nlist", type=int, default=1024, help="IVF lists (trained on a 100K sample)")
+    p.add_argument("--kinds", nargs="+", default=["flat", "ivf_flat", "ivf_pq"], choices=["flat", "ivf_flat", "ivf_pq"])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     args = p.parse_args(argv)
     specs = {"flat": {"type": "flat"}, "ivf_flat": {"type": "ivf_flat", "nlist": args.nlist, "nprobe": 32},
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
         print(f"\n{'build':10} {'seconds':>8} {'vectors/s':>11} {'x read time':>11} {'peak RSS MB':>11} {'recall@10':>9}")
         print(f"{'read only':10} {read_s:8.2f} {args.count / read_s:11,.0f} {1.0:11.2f} "
               f"{statistics.median(r['peak_rss_mb'] for r in reads):11.0f} {'':>9}", flush=True)
-        for name, spec in specs.items():
+        for name, spec in ((k, specs[k]) for k in args.kinds):
             rows = []
             for repeat in range(args.repeats):
                 rows.append(run(BUILD, str(shards), str(Path(tmp) / f"snap-{name}-{repeat}"), json.dumps(spec)))
