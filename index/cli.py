@@ -47,7 +47,7 @@ def print_results(query: str, hits: list[SearchHit]) -> None:
         table.add_column(col)
     for hit in hits:
         caps = hit.metadata.get("captions") or [""]
-        table.add_row(str(hit.rank), f"{hit.score:.3f}", str(hit.id), hit.metadata["path"], caps[0])
+        table.add_row(str(hit.rank), f"{hit.score:.3f}", str(hit.id), hit.metadata.get("path", ""), caps[0])
     console.print(table)
 
 
@@ -150,7 +150,7 @@ def search_cmd(
     results = snap.search(enc.encode_text(queries), k)
     if as_json:
         console.print_json(json.dumps([
-            {"query": q, "results": [{"id": h.id, "score": h.score, "rank": h.rank, "path": h.metadata["path"]} for h in hits]}
+            {"query": q, "results": [{"id": h.id, "score": h.score, "rank": h.rank, "path": h.metadata.get("path")} for h in hits]}
             for q, hits in zip(queries, results)
         ]))
         return

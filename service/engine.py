@@ -268,8 +268,8 @@ class SearchEngine:
     def _result(self, snap: Snapshot, image_id: int, score: float, rank: int) -> Result:
         row = snap.metadata[int(image_id)]
         return Result(
-            id=int(image_id), score=float(score), rank=rank, path=row["path"],
-            url=row.get("coco_url") or row.get("flickr_url"), captions=row.get("captions", []),
+            id=int(image_id), score=float(score), rank=rank, path=row.get("path"),
+            url=row.get("url") or row.get("coco_url") or row.get("flickr_url"), captions=row.get("captions", []),
             licence=row.get("license"),
         )
 

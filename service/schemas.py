@@ -126,7 +126,7 @@ class Result(BaseModel):
     score: float
     rank: int
     url: str | None = None
-    path: str
+    path: str | None = Field(None, description="relative to the indexed folder; absent for precomputed vectors without one")
     captions: list[str] = []
     licence: Licence | None = None
 

@@ -72,3 +72,33 @@ def test_folder_of_shards_and_a_single_shard(starter_encoder, tmp_path):
     shards = write_shards(tmp_path / "wds", photos, per_shard=2)
     assert open_source(tmp_path / "wds").kind == "webdataset"
     assert len(open_source(shards[0]).records) == 2
+
+
+def test_snapshot_of_precomputed_vectors_is_served(starter_encoder, starter_bundle, make_settings, tmp_path):
+    """Vectors made elsewhere in the bundle's image space, with a url but no file path: searched and
+    answered (path absent, url from the metadata), and `index search` prints them too."""
+    import numpy as np
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from index.builder import build_snapshot_from_vectors
+    from paraseek.cli import app
+
+    photos = sorted(GALLERY_DIR.glob("*.jpg"))[:5]
+    vectors = starter_encoder.encode_images([Image.open(p).convert("RGB") for p in photos])
+    np.save(tmp_path / "v.npy", vectors)
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps({"id": 7 + i, "url": f"https://cdn/{i}.jpg", "caption": f"c{i}"}) + "\n"
+                                              for i in range(5)))
+    build_snapshot_from_vectors(tmp_path / "v.npy", tmp_path / "snap", image_space=starter_encoder.image_space, progress=False)
+    create_app = __import__("service.main", fromlist=["create_app"]).create_app
+    with TestClient(create_app(make_settings(snapshot=tmp_path / "snap"))) as c:
+        r = c.post("/v1/search", json={"query": "a photo", "k": 5, "expansion": {"method": "none"}})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert {x["id"] for x in results} == {7, 8, 9, 10, 11}
+        assert all(x.get("path") is None and x["url"] == f"https://cdn/{x['id'] - 7}.jpg" for x in results)
+        assert c.get("/v1/images/7").status_code == 404  # nothing on disk to serve
+    out = CliRunner().invoke(app, ["index", "search", "a photo", "--snapshot", str(tmp_path / "snap"),
+                                    "--bundle", str(starter_bundle), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)[0]["results"][0]["path"] is None
