@@ -383,7 +383,6 @@ def build_snapshot_from_vectors(
                       "shards": [s.vectors.name for s in src.shards]}
         draft = VersionDraft(root, stage, version, vectors, ids, [], provenance, report)
         ref = BundleRef(name=bundle_name, version=bundle_version, image_space=image_space)
-        del vectors  # the memmap is closed before the files are checksummed
         final, manifest = publish(root, stage, _manifest(draft, ref, dim, spec, recall, n_queries), activate=activate)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
