@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     max_query_chars: int = Field(1000, ge=1)
     max_body_bytes: int = Field(256 * 1024, ge=1024)
     max_batch_queries: int = Field(64, ge=1)
+    max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="body limit of image queries (base64 included)")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="image queries with more pixels are refused before decoding")
+    max_embedding_inputs: int = Field(256, ge=1, description="texts per /v1/embeddings call")
     consistency_threshold: float = Field(0.5, ge=0, le=1, description="mean AO@k at or above -> stable")
 
     # admin routes are disabled unless a token is set

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from tqdm import tqdm
 
 from core.encoder import Encoder
 from core.errors import UserError
+from core.images import ImageDecodeError, decode_image
 from core.rank_metrics import overlap_recall
 from index.faiss_index import IndexSpec, create_index, exact_search, train_and_add
 from index.image_sources import ImageRecord, ImageSource, open_source, read_member
@@ -54,16 +54,16 @@ class BuildResult:
 
 def _decode(encoder: Encoder, root: Path, record: ImageRecord):
     """-> (pixels, width, height) or an error string; never raises (bad files are reported)."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         # a tar shard's member is read in place; a file is opened by path
-        path = io.BytesIO(read_member(root, record)) if record.member is not None else root / record.path
-        with Image.open(path) as im:
-            im.load()  # forces a full decode: truncated files fail here, not later
+        source = read_member(root, record) if record.member is not None else root / record.path
+        with decode_image(source) as im:
             width, height = im.size
             return encoder.preprocess(im), width, height
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except ImageDecodeError as exc:
+        cause = exc.__cause__
+        return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+    except OSError as exc:  # the file itself could not be read
         return f"{type(exc).__name__}: {exc}"
 
 

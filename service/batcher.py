@@ -57,6 +57,10 @@ class MicroBatcher:
         await self._queue.put((model, texts, fut))
         return await fut
 
+    async def run(self, fn: Callable[..., Any], *args) -> Any:
+        """``fn(*args)`` on the encoder's thread (image queries): one model call at a time uses the cores."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
     async def _run(self) -> None:
         assert self._queue is not None  # start() made it
         while True:

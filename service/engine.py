@@ -4,6 +4,8 @@ consistency reports, and the encoder/snapshot pair that reindex and reload swap 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import logging
 import threading
 import time
@@ -13,6 +15,7 @@ import numpy as np
 
 from core.encoder import Encoder, l2_normalize
 from core.errors import UserError
+from core.images import ImageDecodeError, decode_image
 from core.memory import limit_malloc_arenas, release_free_memory
 from core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
 from core.rank_metrics import average_overlap, jaccard_at_k
@@ -28,6 +31,7 @@ from service.prometheus import ServiceMetrics
 from service.schemas import (
     TEXT_EXPANSIONS,
     ConsistencyReport,
+    EmbeddingsRequest,
     Expansion,
     ParaphraseReport,
     Result,
@@ -326,10 +330,8 @@ class SearchEngine:
         self._check_lengths(req)
         req = self.effective_expansion(req)
         key = params_key({"snapshot": active.snapshot.version, "model": active.model_id, "request": req.model_dump()})
-        hit = await self.cache.get_result(key)
-        if hit is not None:  # stored exactly as served: patch the per-request fields only
-            hit["cache"] = "hit"
-            hit["timings"] = {"encode_ms": 0.0, "search_ms": 0.0, "total_ms": (time.perf_counter() - t0) * 1000}
+        hit = await self._cached(key, t0)
+        if hit is not None:
             return hit
 
         texts = await self._texts(req)
@@ -352,12 +354,12 @@ class SearchEngine:
         self.metrics.stage.labels("encode").observe(t_enc - t0)
 
         rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
-        k_search = max(req.k, req.consistency.k if req.consistency else 0)
+        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
         scores, ids = active.snapshot.search_ids(rows.matrix, k_search)
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 
-        results = self._fuse(active.snapshot, req.k, scores, ids, rows.fused)
+        results = self._fuse(active.snapshot, req.k, req.offset, scores, ids, rows.fused)
         report = self._consistency_report(req, texts.paraphrases, ids, rows) if texts.paraphrases else None
         response = SearchResponse(
             results=results, bundle=active.encoder.name, bundle_version=active.encoder.version,
@@ -371,6 +373,95 @@ class SearchEngine:
         body = response.model_dump(mode="json", exclude_none=True)
         await self.cache.put_result(key, body)
         return body
+
+    async def _cached(self, key: str, t0: float) -> dict | None:
+        hit = await self.cache.get_result(key)
+        if hit is not None:  # stored exactly as served: patch the per-request fields only
+            hit["cache"] = "hit"
+            hit["timings"] = {"encode_ms": 0.0, "search_ms": 0.0, "total_ms": (time.perf_counter() - t0) * 1000}
+        return hit
+
+    # -- image queries ---------------------------------------------------------------------------
+    async def search_image(self, data: bytes, k: int, offset: int = 0, field: str = "image") -> dict:
+        """Search with the bundle's image tower applied to an uploaded image."""
+        t0 = time.perf_counter()
+        active = self.require_active()
+        encoder = active.encoder
+        if not encoder.has_image_tower:
+            raise RequestError(field, f"bundle {encoder.name} has no image tower: image queries need one", status=400)
+        key = params_key({"snapshot": active.snapshot.version, "model": active.model_id,
+                          "image": hashlib.sha256(data).hexdigest(), "k": k, "offset": offset})
+        hit = await self._cached(key, t0)
+        if hit is not None:
+            return hit
+        pixels = await asyncio.to_thread(self._image_pixels, encoder, data, field)
+        # the image tower runs on the encoder's thread, so it never competes with a text batch for the cores
+        vector = await self.batcher.run(encoder.encode_pixels, pixels[None])
+        return await self._vector_search(active, key, vector, k, offset, t0, time.perf_counter())
+
+    def _image_pixels(self, encoder: Encoder, data: bytes, field: str) -> np.ndarray:
+        try:
+            with decode_image(data, self.settings.max_image_pixels) as im:
+                return encoder.preprocess(im)
+        except ImageDecodeError as exc:
+            raise RequestError(field, f"the upload {exc}", status=413 if exc.too_large else 422) from exc
+
+    async def search_similar(self, image_id: int, k: int, offset: int = 0, include_self: bool = False) -> dict:
+        """"More like this": the stored vector of an indexed image is the query."""
+        t0 = time.perf_counter()
+        active = self.require_active()
+        snap = active.snapshot
+        if image_id not in snap.metadata:
+            raise RequestError("id", f"no image with id {image_id} in snapshot {snap.version}", status=404)
+        key = params_key({"snapshot": snap.version, "model": active.model_id, "similar": image_id, "k": k,
+                          "offset": offset, "self": include_self})
+        hit = await self._cached(key, t0)
+        if hit is not None:
+            return hit
+        vector = await asyncio.to_thread(snap.vectors_of, [image_id])
+        exclude = None if include_self else image_id
+        return await self._vector_search(active, key, vector, k, offset, t0, time.perf_counter(), exclude)
+
+    async def _vector_search(self, active: Active, key: str, vector: np.ndarray, k: int, offset: int, t0: float,
+                             t_enc: float, exclude: int | None = None) -> dict:
+        snap = active.snapshot
+        scores, ids = await asyncio.to_thread(snap.search_ids, vector, offset + k + (exclude is not None))
+        t_search = time.perf_counter()
+        self.metrics.stage.labels("search").observe(t_search - t_enc)
+        response = SearchResponse(
+            results=self._page(snap, ids[0], scores[0], k, offset, exclude), bundle=active.encoder.name,
+            bundle_version=active.encoder.version, snapshot_version=snap.version,
+            timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000,
+                            total_ms=(time.perf_counter() - t0) * 1000),
+            cache="miss" if self.cache.backend != "off" else "off",
+        )
+        body = response.model_dump(mode="json", exclude_none=True)
+        await self.cache.put_result(key, body)
+        return body
+
+    # -- OpenAI-compatible embeddings -------------------------------------------------------------
+    async def embeddings(self, req: EmbeddingsRequest) -> dict:
+        """Text embeddings by the served text tower, through the same cache and micro-batcher as search."""
+        active = self.require_active()
+        e = active.encoder
+        if req.model not in (e.name, f"{e.name}:{e.version}"):
+            raise RequestError("model", f"model {req.model!r} is not served here; this service serves {e.name!r}", status=404)
+        if req.dimensions is not None and req.dimensions != e.dim:
+            raise RequestError("dimensions", f"{e.name} embeds into {e.dim} dimensions, not {req.dimensions}")
+        texts = req.input
+        if len(texts) > self.settings.max_embedding_inputs:
+            raise RequestError("input", f"at most {self.settings.max_embedding_inputs} texts per call")
+        for i, text in enumerate(texts):
+            if len(text) > self.settings.max_query_chars:
+                raise RequestError(f"input.{i}", f"text is longer than {self.settings.max_query_chars} characters")
+        vectors, _ = await self.embed(active, texts)
+        tokens = int(e.tokenize(texts).attention_mask.sum())
+        if req.encoding_format == "base64":  # what OpenAI's clients decode: little-endian float32 bytes
+            encoded: list = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii") for v in vectors]
+        else:
+            encoded = np.asarray(vectors, np.float32).tolist()
+        return {"object": "list", "model": e.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(encoded)]}
 
     def _check_lengths(self, req: SearchRequest) -> None:
         limit = self.settings.max_query_chars
@@ -437,16 +528,21 @@ class SearchEngine:
             first_paraphrase = len(rows)
         return SearchRows(np.vstack(rows), fused, plain_query, first_paraphrase)
 
-    def _fuse(self, snap: Snapshot, k: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[Result]:
-        """Stage 3: the result list; several fused rows are combined by reciprocal rank."""
+    def _fuse(self, snap: Snapshot, k: int, offset: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[Result]:
+        """Stage 3: the result list, ranks offset+1 .. offset+k; several fused rows are combined by
+        reciprocal rank."""
         if fused > 1:
             ranks: dict[int, float] = {}
             for row in ids[:fused]:
                 for rank, i in enumerate(row[row >= 0]):
                     ranks[int(i)] = ranks.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
-            ranked = sorted(ranks.items(), key=lambda kv: -kv[1])[:k]
-            return [self._result(snap, i, s, r + 1) for r, (i, s) in enumerate(ranked)]
-        return [self._result(snap, i, s, r + 1) for r, (s, i) in enumerate(zip(scores[0][:k], ids[0][:k])) if i >= 0]
+            ranked = sorted(ranks.items(), key=lambda kv: -kv[1])
+            return self._page(snap, [i for i, _ in ranked], [s for _, s in ranked], k, offset)
+        return self._page(snap, ids[0], scores[0], k, offset)
+
+    def _page(self, snap: Snapshot, ids, scores, k: int, offset: int, exclude: int | None = None) -> list[Result]:
+        kept = [(int(i), float(s)) for i, s in zip(ids, scores) if i >= 0 and i != exclude]
+        return [self._result(snap, i, s, offset + r + 1) for r, (i, s) in enumerate(kept[offset : offset + k])]
 
     def _consistency_report(self, req: SearchRequest, paraphrases: list[str], ids: np.ndarray,
                             rows: SearchRows) -> ConsistencyReport:
@@ -465,7 +561,8 @@ class SearchEngine:
         requested = len(c.paraphrases) if c.paraphrases else (c.auto or 0)
         exp = req.expansion
         compared_under = exp.method if exp is not None and exp.method in ("bank", "prf") else None
-        return ConsistencyReport(k=kc, requested=requested, produced=len(reports), expansion=compared_under, paraphrases=reports, mean_ao=mean_ao,
+        return ConsistencyReport(k=kc, ids=qlist, requested=requested, produced=len(reports), expansion=compared_under,
+                                 paraphrases=reports, mean_ao=mean_ao,
                                  mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
                                  threshold=threshold)
 

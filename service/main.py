@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core import __version__
@@ -20,7 +21,7 @@ from service.engine import RequestError, SearchEngine
 from service.jobs import JobManager
 from service.logging_config import configure_logging, request_id
 from service.prometheus import ServiceMetrics
-from service.routes import admin, images, info, search
+from service.routes import admin, embeddings, images, info, page, search
 
 log = logging.getLogger("paraseek.access")
 
@@ -28,15 +29,17 @@ log = logging.getLogger("paraseek.access")
 class BodySizeLimit:
     """Pure ASGI middleware: 413 for bodies over the limit, declared or streamed."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, per_path: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}  # routes that take more (image uploads)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.per_path.get(scope.get("path", ""), self.max_bytes)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             return await self._reject(send)
         seen = 0
         too_large = False
@@ -47,7 +50,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     too_large = True
                     raise _TooLarge()
             return message
@@ -100,8 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="paraseek", version=__version__, lifespan=lifespan,
                   description="Text-to-image search whose answers stay the same when a user rephrases the query.")
     app.state.settings, app.state.engine, app.state.jobs = settings, engine, jobs
-    for router in (search.router, images.router, info.router, admin.router):
+    for router in (search.router, embeddings.router, images.router, info.router, admin.router, page.router):
         app.include_router(router)
+    app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -127,7 +131,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError):
-        return _error(exc.status, ["body", *exc.field.split(".")], str(exc), "request_error")
+        # list positions are numbers, as in pydantic's own locations
+        parts = [] if exc.field in ("", "body") else [int(p) if p.isdigit() else p for p in exc.field.split(".")]
+        loc = ["body", *parts]
+        return _error(exc.status, loc, str(exc), "request_error")
 
     @app.exception_handler(EmptyTextError)
     async def empty_text(_: Request, exc: EmptyTextError):
@@ -147,7 +154,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       per_path={"/v1/search/image": settings.max_upload_bytes})
     return app
 
 

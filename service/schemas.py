@@ -39,6 +39,7 @@ ServerPath = Annotated[str, AfterValidator(_server_path)]
 
 
 TEXT_EXPANSIONS = ("wordnet", "ppdb", "generator", "llm")
+MAX_RANK = 1000
 
 
 class Expansion(StrictModel):
@@ -98,6 +99,7 @@ class SearchRequest(BaseModel):
 
     query: SearchText | None = Field(None, min_length=1)
     k: StrictInt = Field(10, ge=1, le=1000)
+    offset: StrictInt = Field(0, ge=0, le=999, description="skip this many results (paging); offset + k <= 1000")
     expansion: Expansion | None = None
     consistency: Consistency | None = None
     terms: list[Term] | None = Field(None, min_length=1, max_length=16)
@@ -108,7 +110,13 @@ class SearchRequest(BaseModel):
             raise ValueError("give 'query' or 'terms'")
         if self.query is None and (self.expansion or self.consistency):
             raise ValueError("'expansion' and 'consistency' need 'query'")
+        _check_page(self.k, self.offset)
         return self
+
+
+def _check_page(k: int, offset: int) -> None:
+    if k + offset > MAX_RANK:
+        raise ValueError(f"offset + k must be at most {MAX_RANK} (results are ranked up to {MAX_RANK})")
 
 
 class BatchSearchRequest(StrictModel):
@@ -140,6 +148,7 @@ class ParaphraseReport(BaseModel):
 
 class ConsistencyReport(BaseModel):
     k: int
+    ids: list[int] = Field(description="the query's top-k list that each paraphrase's list is compared with")
     requested: int = Field(description="paraphrases asked for (given, or `auto`)")
     produced: int = Field(description="paraphrases compared; fewer than requested when the source ran out")
     expansion: str | None = Field(None, description="the vector expansion (bank, prf) applied to the query and every "
@@ -167,6 +176,76 @@ class SearchResponse(BaseModel):
     truncated: bool = Field(False, description="the query was longer than the model's context")
     expansions: list[str] | None = None
     consistency: ConsistencyReport | None = None
+
+
+class ImageSearchRequest(StrictModel):
+    """An image query sent as JSON; the same fields also come as form fields of a multipart upload."""
+
+    image: str = Field(min_length=1, description="the image file, base64 (a data: URL is accepted too)")
+    k: StrictInt = Field(10, ge=1, le=MAX_RANK)
+    offset: StrictInt = Field(0, ge=0, le=MAX_RANK - 1)
+
+    @model_validator(mode="after")
+    def _page(self):
+        _check_page(self.k, self.offset)
+        return self
+
+
+class SimilarSearchRequest(StrictModel):
+    """"More like this": search with the stored vector of an indexed image."""
+
+    id: StrictInt = Field(ge=0, description="an indexed image id")
+    k: StrictInt = Field(10, ge=1, le=MAX_RANK)
+    offset: StrictInt = Field(0, ge=0, le=MAX_RANK - 1)
+    include_self: bool = Field(False, description="keep the query image itself in the results")
+
+    @model_validator(mode="after")
+    def _page(self):
+        _check_page(self.k, self.offset)
+        return self
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request. Token arrays are not accepted: the served tokenizer is not OpenAI's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: list[SearchText] = Field(description="a text or a list of texts (a single text is read as a list of one)")
+    model: str = Field(min_length=1, description="the served bundle's name (GET /v1/models)")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: the little-endian float32 bytes of each vector, base64-encoded")
+    dimensions: StrictInt | None = Field(None, ge=1, description="must equal the bundle's dimension if given")
+    user: str | None = Field(None, max_length=256, description="accepted for compatibility; not stored")
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _texts_only(cls, v):
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("give at least one text")
+            if all(isinstance(x, int) for x in v) or all(isinstance(x, list) for x in v):
+                raise ValueError("token arrays are not supported: send the text (this service tokenizes with its own model)")
+        return v
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
 
 
 class BatchSearchResponse(BaseModel):
@@ -213,8 +292,9 @@ def error_responses(*statuses: int) -> dict:
     text = {
         400: "the body could not be parsed, or a paraphrase source is not configured",
         401: "missing bearer token", 403: "wrong token, or a path outside the allowed roots",
-        404: "not found (or admin routes disabled)", 409: "the bundle does not fit the serving snapshot",
-        413: "request body too large", 422: "invalid field (``loc`` names it)",
+        404: "not found (an image id, a model name, or admin routes disabled)", 409: "the bundle does not fit the serving snapshot",
+        413: "request body too large, or an image with more pixels than allowed",
+        415: "unsupported content type", 422: "invalid field (``loc`` names it)",
         502: "a paraphrase source failed", 503: "not ready: no model or index loaded",
     }
     return {s: {"model": ErrorResponse, "description": text[s]} for s in statuses}

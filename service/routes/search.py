@@ -1,14 +1,26 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 
 import orjson
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from core.settings import Settings
 from service.deps import get_engine, get_settings
 from service.engine import RequestError, SearchEngine
-from service.schemas import BatchSearchRequest, BatchSearchResponse, SearchRequest, SearchResponse, error_responses
+from service.schemas import (
+    BatchSearchRequest,
+    BatchSearchResponse,
+    ImageSearchRequest,
+    SearchRequest,
+    SearchResponse,
+    SimilarSearchRequest,
+    error_responses,
+)
 
 router = APIRouter(prefix="/v1", tags=["search"])
 
@@ -41,3 +53,72 @@ async def search_batch(
         if isinstance(r, BaseException):
             raise r
     return _json({"responses": results})
+
+
+_IMAGE_BODY = {
+    "requestBody": {"required": True, "content": {
+        "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
+            "image": {"type": "string", "format": "binary", "description": "the image file"},
+            "k": {"type": "integer", "default": 10, "minimum": 1, "maximum": 1000},
+            "offset": {"type": "integer", "default": 0, "minimum": 0, "maximum": 999}}}},
+        "application/json": {"schema": ImageSearchRequest.model_json_schema()},
+    }}
+}
+
+
+@router.post("/search/image", response_model=SearchResponse, response_model_exclude_none=True, openapi_extra=_IMAGE_BODY,
+             responses=error_responses(400, 413, 415, 422, 503))
+async def search_image(request: Request, engine: SearchEngine = Depends(get_engine)):
+    """Image-to-image search with the bundle's image tower: a multipart upload (field ``image``, plus
+    ``k``/``offset`` form fields) or JSON with the file base64-encoded."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "multipart/form-data":
+        form = await request.form(max_files=1, max_fields=8)
+        upload = form.get("image")
+        if not isinstance(upload, UploadFile):
+            raise RequestError("image", "send the image file in the multipart field 'image'")
+        data = await upload.read()
+        fields = {name: form.get(name) for name in ("k", "offset") if form.get(name) is not None}
+        params = _validated(ImageSearchRequest, {"image": "-", **{n: _form_int(n, v) for n, v in fields.items()}})
+    elif content_type == "application/json":
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            raise RequestError("body", f"the request body is not valid JSON: {exc}", status=400) from exc
+        params = _validated(ImageSearchRequest, body)
+        data = _base64_image(params.image)
+    else:
+        raise RequestError("body", "send the image as multipart/form-data (field 'image') or as JSON with base64 'image'",
+                           status=415)
+    return _json(await engine.search_image(data, params.k, params.offset))
+
+
+@router.post("/search/similar", response_model=SearchResponse, response_model_exclude_none=True,
+             responses=error_responses(404, 413, 422, 503))
+async def search_similar(req: SimilarSearchRequest, engine: SearchEngine = Depends(get_engine)):
+    """"More like this": the images nearest to an indexed image (itself left out unless asked)."""
+    return _json(await engine.search_similar(req.id, req.k, req.offset, req.include_self))
+
+
+def _form_int(name: str, value) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        raise RequestError(name, f"{name} must be an integer, not {str(value)[:40]!r}") from None
+
+
+def _validated(model, body):
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise RequestError(".".join(str(x) for x in first["loc"]) or "body", first["msg"]) from exc
+
+
+def _base64_image(text: str) -> bytes:
+    if text.startswith("data:"):  # a data URL, as a browser's FileReader makes it
+        _, _, text = text.partition(",")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RequestError("image", f"is not valid base64: {exc}") from exc

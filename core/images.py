@@ -1,0 +1,51 @@
+"""Decoding untrusted image bytes or files with a pixel cap, shared by the index builder and the
+service's image queries."""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import BinaryIO
+
+
+class ImageDecodeError(ValueError):
+    """The bytes are not an image Pillow can decode, or it has more pixels than allowed."""
+
+    def __init__(self, message: str, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
+
+
+def decode_image(source: bytes | str | os.PathLike | BinaryIO, max_pixels: int | None = None):
+    """A fully decoded PIL image. The header's size is checked against ``max_pixels`` before any pixel
+    is decoded, so a small file that declares a huge canvas (a decompression bomb) costs nothing."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(source, bytes):
+        if not source:
+            raise ImageDecodeError("is empty")
+        source = io.BytesIO(source)
+    elif isinstance(source, (str, os.PathLike)):
+        source = Path(source)
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns past its own limit and raises past twice that; the explicit cap decides here
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(source)
+            width, height = im.size
+            if max_pixels is not None and width * height > max_pixels:
+                im.close()
+                raise ImageDecodeError(f"has {width}x{height} = {width * height} pixels, more than the limit of {max_pixels}",
+                                       too_large=True)
+            im.load()  # a full decode: truncated files fail here, not later
+            return im
+    except ImageDecodeError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageDecodeError(f"is too large to decode safely: {exc}", too_large=True) from exc
+    except UnidentifiedImageError as exc:
+        raise ImageDecodeError("is not an image Pillow can read (JPEG, PNG, WebP, GIF, BMP, TIFF ...)") from exc
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise ImageDecodeError(f"could not be decoded: {type(exc).__name__}: {exc}") from exc

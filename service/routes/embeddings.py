@@ -1,0 +1,27 @@
+"""OpenAI-compatible embeddings, so users can embed texts with the served text tower from their own tools."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Depends, Response
+
+from service.deps import get_engine
+from service.engine import SearchEngine
+from service.schemas import EmbeddingsRequest, EmbeddingsResponse, error_responses
+
+router = APIRouter(prefix="/v1", tags=["embeddings"])
+
+
+@router.post("/embeddings", response_model=EmbeddingsResponse, responses=error_responses(404, 413, 422, 503))
+async def embeddings(req: EmbeddingsRequest, engine: SearchEngine = Depends(get_engine)):
+    """OpenAI's ``POST /v1/embeddings``: ``input`` a text or a list, ``model`` the served bundle's name,
+    ``encoding_format`` float or base64. Shares the search path's cache and micro-batcher."""
+    return Response(orjson.dumps(await engine.embeddings(req)), media_type="application/json")
+
+
+@router.get("/models", responses=error_responses(503))
+async def models(engine: SearchEngine = Depends(get_engine)) -> dict:
+    """OpenAI's model list: the one bundle this service serves."""
+    e = engine.require_active().encoder
+    return {"object": "list", "data": [{"id": e.name, "object": "model", "created": 0, "owned_by": "paraseek",
+                                        "version": e.version, "dimensions": e.dim}]}

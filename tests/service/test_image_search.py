@@ -1,0 +1,163 @@
+"""Image queries (upload, base64, more like this), paging, and the OpenAI-compatible embeddings route."""
+
+import base64
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from core.demo import GALLERY_DIR
+from core.encoder import Encoder
+from index.snapshot import Snapshot
+
+PHOTO_ID = 790
+PHOTO = GALLERY_DIR / "000000000790.jpg"
+
+
+@pytest.fixture()
+def direct(starter_bundle, demo_snapshot):
+    return Encoder(starter_bundle), Snapshot.load(demo_snapshot)
+
+
+def _ids(response) -> list[int]:
+    return [r["id"] for r in response.json()["results"]]
+
+
+def test_uploaded_image_finds_itself_and_matches_the_image_tower(client, direct):
+    data = PHOTO.read_bytes()
+    r = client.post("/v1/search/image", files={"image": ("photo.jpg", data, "image/jpeg")}, data={"k": "5"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["results"][0]["id"] == PHOTO_ID and body["results"][0]["score"] == pytest.approx(1.0, abs=1e-4)
+    enc, snap = direct
+    with Image.open(PHOTO) as im:
+        _, expected = snap.search_ids(enc.encode_images([im]), 5)
+    assert _ids(r) == expected[0].tolist()
+    # the same file as base64 JSON, and as a data URL, gives the same list
+    b64 = base64.b64encode(data).decode()
+    assert _ids(client.post("/v1/search/image", json={"image": b64, "k": 5})) == _ids(r)
+    assert _ids(client.post("/v1/search/image", json={"image": "data:image/jpeg;base64," + b64, "k": 5})) == _ids(r)
+
+
+def test_more_like_this_uses_the_stored_vector_and_leaves_the_image_out(client, direct):
+    r = client.post("/v1/search/similar", json={"id": PHOTO_ID, "k": 4})
+    assert r.status_code == 200
+    _, snap = direct
+    _, expected = snap.search_ids(snap.vectors_of([PHOTO_ID]), 5)
+    assert _ids(r) == [i for i in expected[0].tolist() if i != PHOTO_ID][:4]
+    with_self = client.post("/v1/search/similar", json={"id": PHOTO_ID, "k": 4, "include_self": True})
+    assert _ids(with_self)[0] == PHOTO_ID
+    missing = client.post("/v1/search/similar", json={"id": 1, "k": 4})
+    assert missing.status_code == 404 and missing.json()["detail"][0]["loc"] == ["body", "id"]
+
+
+def test_pages_continue_the_ranking(client):
+    full = client.post("/v1/search", json={"query": "a dog", "k": 12}).json()["results"]
+    page2 = client.post("/v1/search", json={"query": "a dog", "k": 4, "offset": 4}).json()["results"]
+    assert [(r["id"], r["rank"]) for r in page2] == [(r["id"], r["rank"]) for r in full[4:8]]
+    image_page = client.post("/v1/search/image", json={"image": base64.b64encode(PHOTO.read_bytes()).decode(),
+                                                       "k": 3, "offset": 1}).json()["results"]
+    assert image_page[0]["rank"] == 2 and PHOTO_ID not in [r["id"] for r in image_page]
+    r = client.post("/v1/search", json={"query": "a dog", "k": 600, "offset": 600})
+    assert r.status_code == 422 and "offset + k" in r.text
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares a huge canvas but holds almost no data (a decompression bomb's shape)."""
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("files, data, json, status, loc", [
+    ({"image": ("notes.txt", b"just some text", "text/plain")}, None, None, 422, ["body", "image"]),
+    ({"image": ("empty.jpg", b"", "image/jpeg")}, None, None, 422, ["body", "image"]),
+    ({"image": ("bomb.png", _png_header_only(30000, 30000), "image/png")}, None, None, 413, ["body", "image"]),
+    ({"picture": ("x.jpg", b"x", "image/jpeg")}, None, None, 422, ["body", "image"]),
+    ({"image": ("x.jpg", b"x", "image/jpeg")}, {"k": "ten"}, None, 422, ["body", "k"]),
+    ({"image": ("x.jpg", b"x", "image/jpeg")}, {"k": "0"}, None, 422, ["body", "k"]),
+    (None, None, {"image": "not base64!"}, 422, ["body", "image"]),
+    (None, None, {"image": "aGVsbG8=", "k": 5, "colour": "red"}, 422, ["body", "colour"]),
+    (None, None, {"k": 5}, 422, ["body", "image"]),
+])
+def test_bad_uploads_name_the_field(client, files, data, json, status, loc):
+    r = client.post("/v1/search/image", files=files, data=data, json=json)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"][0]["loc"] == loc
+
+
+def test_upload_limits(make_settings):
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    big = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), dtype=np.uint8)).save(big, "PNG")
+    with TestClient(create_app(make_settings(max_upload_bytes=64 * 1024, max_image_pixels=200 * 200))) as c:
+        too_big = c.post("/v1/search/image", files={"image": ("big.png", big.getvalue(), "image/png")})
+        assert too_big.status_code == 413  # 270 KB over the 64 KB upload limit
+        small = io.BytesIO()
+        Image.fromarray(np.zeros((250, 250, 3), np.uint8)).save(small, "PNG")
+        too_many_pixels = c.post("/v1/search/image", files={"image": ("s.png", small.getvalue(), "image/png")})
+        assert too_many_pixels.status_code == 413 and "62500 pixels" in too_many_pixels.json()["detail"][0]["msg"]
+        # the text routes keep their own (smaller) limit
+        assert c.post("/v1/search", content=b'{"query": "' + b"a" * 300_000 + b'"}',
+                      headers={"content-type": "application/json"}).status_code == 413
+    with TestClient(create_app(make_settings())) as c:
+        wrong_type = c.post("/v1/search/image", content=b"abc", headers={"content-type": "text/plain"})
+        assert wrong_type.status_code == 415
+
+
+def test_embeddings_match_the_encoder_and_decode_from_base64(client, direct):
+    enc, _ = direct
+    models = client.get("/v1/models").json()
+    name = models["data"][0]["id"]
+    assert name == enc.name and models["data"][0]["dimensions"] == enc.dim
+    texts = ["a cat on a mat", "two dogs playing in the snow"]
+    r = client.post("/v1/embeddings", json={"input": texts, "model": name})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == name
+    assert [d["index"] for d in body["data"]] == [0, 1] and all(d["object"] == "embedding" for d in body["data"])
+    expected = enc.encode_text(texts)
+    np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), expected, atol=1e-5)
+    tokens = int(enc.tokenize(texts).attention_mask.sum())
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    # base64 is what OpenAI's clients ask for by default: little-endian float32
+    b = client.post("/v1/embeddings", json={"input": texts[0], "model": name, "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(b["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, expected[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("body, status, loc", [
+    ({"input": "a cat", "model": "text-embedding-3-small"}, 404, ["body", "model"]),
+    ({"input": [1, 2, 3], "model": "paraseek-starter"}, 422, ["body", "input"]),
+    ({"input": [], "model": "paraseek-starter"}, 422, ["body", "input"]),
+    ({"input": ["ok", " "], "model": "paraseek-starter"}, 422, ["body", "input", 1]),
+    ({"input": "a cat", "model": "paraseek-starter", "encoding_format": "hex"}, 422, ["body", "encoding_format"]),
+    ({"input": "a cat", "model": "paraseek-starter", "dimensions": 7}, 422, ["body", "dimensions"]),
+    ({"input": "a" * 1001, "model": "paraseek-starter"}, 422, ["body", "input", 0]),
+    ({"model": "paraseek-starter"}, 422, ["body", "input"]),
+])
+def test_embeddings_bad_input_names_the_field(client, body, status, loc):
+    r = client.post("/v1/embeddings", json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+
+
+def test_embeddings_share_the_cache_with_search(client):
+    name = client.get("/v1/models").json()["data"][0]["id"]
+    client.post("/v1/embeddings", json={"input": "a red bus on a street", "model": name})
+    metrics = client.get("/metrics").text
+    before = _counter(metrics, 'paraseek_cache_total{cache="embedding",result="hit"')
+    client.post("/v1/search", json={"query": "a red bus on a street", "k": 3, "expansion": {"method": "none"}})
+    after = _counter(client.get("/metrics").text, 'paraseek_cache_total{cache="embedding",result="hit"')
+    assert after == before + 1
+
+
+def _counter(text: str, prefix: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
