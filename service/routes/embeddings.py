@@ -12,7 +12,7 @@ from service.schemas import EmbeddingsRequest, EmbeddingsResponse, error_respons
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 
 
-@router.post("/embeddings", response_model=EmbeddingsResponse, responses=error_responses(404, 413, 422, 503))
+@router.post("/embeddings", response_model=EmbeddingsResponse, responses=error_responses(400, 404, 413, 422, 503))
 async def embeddings(req: EmbeddingsRequest, engine: SearchEngine = Depends(get_engine)):
     """OpenAI's ``POST /v1/embeddings``: ``input`` a text or a list, ``model`` the served bundle's name,
     ``encoding_format`` float or base64. Shares the search path's cache and micro-batcher."""

@@ -94,7 +94,7 @@ async def search_image(request: Request, engine: SearchEngine = Depends(get_engi
 
 
 @router.post("/search/similar", response_model=SearchResponse, response_model_exclude_none=True,
-             responses=error_responses(404, 413, 422, 503))
+             responses=error_responses(400, 404, 413, 422, 503))
 async def search_similar(req: SimilarSearchRequest, engine: SearchEngine = Depends(get_engine)):
     """"More like this": the images nearest to an indexed image (itself left out unless asked)."""
     return _json(await engine.search_similar(req.id, req.k, req.offset, req.include_self))

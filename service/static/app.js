@@ -160,11 +160,12 @@ function renderConsistency(query, report) {
     `${report.mean_js.toFixed(3)} · `, verdict, ` (threshold ${report.threshold})` +
     (report.expansion ? ` · lists compared under ${report.expansion} expansion` : ""));
   const queryIds = new Set(report.ids);
-  const columns = [el("div", { class: "list query" }, el("h3", {}, `query: ${query}`),
-    el("p", { class: "metrics" }, `its top ${k}`), ...thumbnails(report.ids, null))];
+  const columns = [el("div", { class: "list query" }, el("div", { class: "label" }, el("h3", {}, `query: ${query}`),
+    el("p", { class: "metrics" }, `its top ${k}`)), ...thumbnails(report.ids, null))];
   for (const p of report.paraphrases) {
-    columns.push(el("div", { class: "list paraphrase" }, el("h3", {}, p.text),
-      el("p", { class: "metrics" }, `AO@${k} ${p.ao.toFixed(3)} · JS@${k} ${p.js.toFixed(3)}`),
+    // green: in the query's top k too
+    columns.push(el("div", { class: "list paraphrase" }, el("div", { class: "label" }, el("h3", {}, p.text),
+      el("p", { class: "metrics" }, `AO@${k} ${p.ao.toFixed(3)} · JS@${k} ${p.js.toFixed(3)}`)),
       ...thumbnails(p.ids, queryIds)));
   }
   $("consistency").replaceChildren(...columns);
@@ -202,6 +203,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const preview = $("query-image");
     if (preview.src) URL.revokeObjectURL(preview.src);
     preview.src = URL.createObjectURL(file);
+    $("image-file").value = "";  // choosing the same file again searches again
     run({ type: "image", file });
   });
   $("prev").addEventListener("click", () => run(state.mode, Math.max(0, state.offset - state.k)));

@@ -161,3 +161,20 @@ def test_embeddings_share_the_cache_with_search(client):
 
 def _counter(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_openai_client_embeds_through_the_service(uvicorn_server, demo_snapshot, direct):
+    """OpenAI's own client (base64 by default, float when asked) against a real server."""
+    from openai import OpenAI
+
+    url = uvicorn_server(demo_snapshot)
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    enc, _ = direct
+    assert [m.id for m in client.models.list()] == [enc.name]
+    texts = ["a kitchen with a stove", "people on a beach"]
+    default = client.embeddings.create(model=enc.name, input=texts)
+    as_float = client.embeddings.create(model=enc.name, input=texts[0], encoding_format="float")
+    expected = enc.encode_text(texts)
+    np.testing.assert_allclose(np.array([d.embedding for d in default.data]), expected, atol=1e-5)
+    np.testing.assert_allclose(as_float.data[0].embedding, expected[0], atol=1e-5)
+    assert default.usage.prompt_tokens == int(enc.tokenize(texts).attention_mask.sum())
