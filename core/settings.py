@@ -40,7 +40,9 @@ class Settings(BaseSettings):
     # micro-batching of concurrent requests' texts into one encoder call
     batching: bool = True
     max_batch_size: int = Field(64, ge=1, le=1024)
-    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+    # continuous batching: a batch goes as soon as the encoder is free; an optional extra wait for company
+    max_wait_ms: float = Field(0.0, ge=0, le=1000)
+    max_index_batch_size: int = Field(256, ge=1, le=4096, description="query rows per merged index search")
 
     # caches: Redis when a URL is given, else an in-process LRU
     redis_url: str | None = None

@@ -1,9 +1,16 @@
-"""Micro-batching: texts of concurrent requests are merged into one encoder call.
+"""Continuous batching: concurrent requests' work merged into one model or index call.
 
-Requests put their texts on a queue and await futures. One worker takes the first waiting item,
-collects more until ``max_batch_size`` texts or ``max_wait_ms`` pass, encodes them all in one call on a
-worker thread (off the event loop) and hands each request its rows. With batching off, every request
-encodes its own texts on a thread.
+A request puts ``(key, payload)`` on a batcher's queue and awaits a future. The batcher's worker
+takes the first waiting item and, without waiting for company, everything else already queued (up to
+``max_batch_size`` units), then runs one call per key on its own thread. While that call runs, new
+requests queue up and form the next batch: at low load a request is dispatched at once, under load
+batches grow by themselves (infinity's batch handler works the same way). ``max_wait_ms`` adds an
+optional wait for company; 0 by default.
+
+The service runs two batchers in a pipeline: texts -> encoder batcher -> index batcher -> results.
+Each has one thread, so an encoder call and an index search can overlap while each stays one call
+at a time. Keys keep incompatible work apart: an encoder never sees another encoder's texts after a
+reload, and a search never runs against another snapshot version (or, with filters, another filter).
 """
 
 from __future__ import annotations
@@ -11,29 +18,44 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from itertools import groupby
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import numpy as np
 
+P = TypeVar("P")  # one request's payload
+R = TypeVar("R")  # one request's result
 
-class MicroBatcher:
-    def __init__(self, encode: Callable[[Any, list[str]], tuple[np.ndarray, list[bool]]], *, max_batch_size: int = 64,
-                 max_wait_ms: float = 2.0, enabled: bool = True, on_batch: Callable[[int], None] | None = None):
-        self.encode = encode
+
+@dataclass
+class _Item:
+    key: Any
+    payload: Any
+    run: Callable[[Any, list], list]
+    future: asyncio.Future
+
+
+class ContinuousBatcher(Generic[P, R]):
+    def __init__(self, run: Callable[[Any, list[P]], list[R]], *, name: str, max_batch_size: int = 64,
+                 max_wait_ms: float = 0.0, enabled: bool = True, size: Callable[[P], int] = lambda p: 1,
+                 on_batch: Callable[[int], None] | None = None):
+        """``run(key, payloads) -> results`` (one per payload) does one merged call; ``size`` says how
+        many units (texts, query rows) a payload holds, for the cap and the metrics."""
+        self.run = run
+        self.name = name
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.enabled = enabled
+        self.size = size
         self.on_batch = on_batch
-        # one encoder thread: onnxruntime already uses every core for one call
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
-        self._queue: asyncio.Queue | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._queue: asyncio.Queue[_Item] | None = None
         self._worker: asyncio.Task | None = None
 
     async def start(self) -> None:
         if self.enabled and self._worker is None:
             self._queue = asyncio.Queue()
-            self._worker = asyncio.create_task(self._run(), name="micro-batcher")
+            self._worker = asyncio.create_task(self._loop(), name=f"{self.name}-batcher")
 
     async def stop(self) -> None:
         if self._worker is not None:
@@ -45,66 +67,112 @@ class MicroBatcher:
             self._worker = None
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, model, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        """Embeddings and truncation flags of ``texts`` by ``model``, possibly computed in one call with
-        other requests' texts for the same model (after a reload, old and new models never mix)."""
+    async def submit(self, key, payload: P, run: Callable[[Any, list[P]], list[R]] | None = None) -> R:
+        """This payload's result, possibly computed in one call with other requests' payloads of the
+        same ``key`` (and the same ``run``, default the batcher's)."""
+        run = run or self.run
         loop = asyncio.get_running_loop()
         if not self.enabled or self._queue is None:
+            # unbatched: every request on its own thread, in parallel (the baseline batching is measured against)
             if self.on_batch:
-                self.on_batch(len(texts))
-            return await loop.run_in_executor(None, self.encode, model, texts)
-        fut = loop.create_future()
-        await self._queue.put((model, texts, fut))
-        return await fut
+                self.on_batch(self.size(payload))
+            results = await loop.run_in_executor(None, run, key, [payload])
+            return results[0]
+        future = loop.create_future()
+        self._queue.put_nowait(_Item(key, payload, run, future))
+        return await future
 
-    async def run(self, fn: Callable[..., Any], *args) -> Any:
-        """``fn(*args)`` on the encoder's thread (image queries): one model call at a time uses the cores."""
+    async def run_alone(self, fn: Callable[..., Any], *args) -> Any:
+        """``fn(*args)`` on this batcher's thread, between batches (image queries on the encoder's thread)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _run(self) -> None:
+    async def _loop(self) -> None:
         assert self._queue is not None  # start() made it
+        queue = self._queue
         while True:
-            first = await self._queue.get()
-            items = [first]
-            count = len(first[1])
+            items = [await queue.get()]
+            units = self.size(items[0].payload)
             deadline = time.monotonic() + self.max_wait
-            while count < self.max_batch_size:
-                timeout = deadline - time.monotonic()
-                try:
-                    if timeout <= 0:  # take whatever is already waiting, without sleeping
-                        item = self._queue.get_nowait()
-                    else:
-                        item = await asyncio.wait_for(self._queue.get(), timeout)
-                except (asyncio.QueueEmpty, asyncio.TimeoutError):
-                    break
-                items.append(item)
-                count += len(item[1])
-            for _, group in groupby(items, key=lambda item: id(item[0])):
-                await self._encode_group(list(group))
-
-    async def _encode_group(self, items: list) -> None:
-        loop = asyncio.get_running_loop()
-        model = items[0][0]
-        texts = [t for _, item_texts, _ in items for t in item_texts]
-        if self.on_batch:
-            self.on_batch(len(texts))
-        try:
-            vectors, truncated = await loop.run_in_executor(self._executor, self.encode, model, texts)
-        except Exception:
-            # one request's bad text must not fail the others merged with it: retry one by one
-            for _, item_texts, fut in items:
-                try:
-                    result = await loop.run_in_executor(self._executor, self.encode, model, item_texts)
-                except Exception as exc:
-                    if not fut.done():
-                        fut.set_exception(exc)
+            while units < self.max_batch_size:
+                if not queue.empty():
+                    item = queue.get_nowait()
                 else:
-                    if not fut.done():
-                        fut.set_result(result)
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        break  # nothing else waiting: go now
+                    try:
+                        item = await asyncio.wait_for(queue.get(), timeout)
+                    except asyncio.TimeoutError:
+                        break
+                items.append(item)
+                units += self.size(item.payload)
+            groups: dict[tuple[int, int], list[_Item]] = {}
+            for item in items:  # dicts keep insertion order: groups run in arrival order
+                groups.setdefault((id(item.key), id(item.run)), []).append(item)
+            for group in groups.values():
+                await self._dispatch(group)
+
+    async def _dispatch(self, items: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        live = [item for item in items if not item.future.done()]  # a cancelled request needs no work
+        if not live:
             return
-        start = 0
-        for _, item_texts, fut in items:
-            end = start + len(item_texts)
-            if not fut.done():
-                fut.set_result((vectors[start:end], truncated[start:end]))
+        key, run = live[0].key, live[0].run
+        if self.on_batch:
+            self.on_batch(sum(self.size(item.payload) for item in live))
+        try:
+            results = await loop.run_in_executor(self._executor, run, key, [item.payload for item in live])
+        except Exception as exc:
+            if len(live) == 1:
+                _settle(live[0].future, error=exc)
+                return
+            # one request's bad input must not fail the others merged with it: retry one by one
+            for item in live:
+                try:
+                    (result,) = await loop.run_in_executor(self._executor, run, key, [item.payload])
+                except Exception as exc:
+                    _settle(item.future, error=exc)
+                else:
+                    _settle(item.future, result=result)
+            return
+        for item, result in zip(live, results):
+            _settle(item.future, result=result)
+
+
+def _settle(future: asyncio.Future, result=None, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+# -- the merged calls the service makes ------------------------------------------------------------
+def encode_texts(encode: Callable[[Any, list[str]], tuple[np.ndarray, list[bool]]]):
+    """``run`` for the encoder batcher: payloads are lists of texts; one encoder call for all of them."""
+    def run(model, payloads: list[list[str]]) -> list[tuple[np.ndarray, list[bool]]]:
+        texts = [t for texts in payloads for t in texts]
+        vectors, truncated = encode(model, texts)
+        out, start = [], 0
+        for texts in payloads:
+            end = start + len(texts)
+            out.append((vectors[start:end], truncated[start:end]))
             start = end
+        return out
+    return run
+
+
+def search_rows(search: Callable[[Any, np.ndarray, int], tuple[np.ndarray, np.ndarray]]):
+    """``run`` for the index batcher: payloads are (query rows, k); one search of all rows at the
+    largest k, each request gets its own rows cut to its own k."""
+    def run(target, payloads: Sequence[tuple[np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        matrix = np.vstack([rows for rows, _ in payloads]) if len(payloads) > 1 else payloads[0][0]
+        scores, ids = search(target, matrix, max(k for _, k in payloads))
+        out, start = [], 0
+        for rows, k in payloads:
+            end = start + len(rows)
+            out.append((scores[start:end, :k], ids[start:end, :k]))
+            start = end
+        return out
+    return run

@@ -25,7 +25,7 @@ from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
 from paraphrase.factory import make_source
 from paraphrase.llm import LLMError
-from service.batcher import MicroBatcher
+from service.batcher import ContinuousBatcher, encode_texts, search_rows
 from service.cache import Cache, params_key
 from service.prometheus import ServiceMetrics
 from service.schemas import (
@@ -130,9 +130,15 @@ class SearchEngine:
             failures_to_open=settings.redis_failures_to_open, embedding_ttl_s=settings.embedding_ttl_s,
             result_ttl_s=settings.result_ttl_s, lru_size=settings.lru_size,
         )
-        self.batcher = MicroBatcher(
-            self._encode, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-            enabled=settings.batching, on_batch=metrics.batch_size.observe,
+        # the request pipeline: texts -> encoder batch -> index batch -> results; each stage merges
+        # concurrent requests into one call on its own thread
+        self.batcher: ContinuousBatcher = ContinuousBatcher(
+            encode_texts(self._encode), name="encoder", max_batch_size=settings.max_batch_size,
+            max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
+        )
+        self.index_batcher: ContinuousBatcher = ContinuousBatcher(
+            search_rows(_search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
+            enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
         )
         self._sources: dict[str, ParaphraseSource] = {}
         self._banks: dict[str, CaptionBank] = {}
@@ -145,6 +151,7 @@ class SearchEngine:
     async def start(self) -> None:
         limit_malloc_arenas()
         await self.batcher.start()
+        await self.index_batcher.start()
         removed = clean_stale_staging(self.settings.snapshot_root)
         if removed:
             log.warning("removed staging folders left by interrupted builds: %s", removed)
@@ -181,6 +188,7 @@ class SearchEngine:
         if getattr(self, "_watcher", None) is not None:
             self._watcher.cancel()
         await self.batcher.stop()
+        await self.index_batcher.stop()
         await self.cache.close()
 
     async def _watch_snapshot(self) -> None:
@@ -312,11 +320,11 @@ class SearchEngine:
             bank = self._banks.get(active.model_id)
             if bank is None:  # first use: loading reads files, off the event loop
                 bank = await asyncio.to_thread(self.caption_bank, active)
-            rows, sims = bank.neighbours(queries, exp.n)
+            rows, sims = await self.index_batcher.submit(bank, (queries, exp.n), _BANK_NEIGHBOURS)
             fused = (mean_fusion(queries, bank.vectors[rows]) if exp.fusion == "mean"
                      else weighted_fusion(queries, bank.vectors[rows], sims))
             return fused, bank.texts_of(rows[0])
-        _, top = active.snapshot.search_ids(queries, exp.m)
+        _, top = await self.index_batcher.submit(active.snapshot, (queries, exp.m))
         feedback = np.stack([active.snapshot.vectors_of([i for i in row if i >= 0]) for row in top])
         return rocchio(queries, feedback, exp.alpha, exp.beta), []
 
@@ -355,7 +363,7 @@ class SearchEngine:
 
         rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
         k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
-        scores, ids = active.snapshot.search_ids(rows.matrix, k_search)
+        scores, ids = await self.index_batcher.submit(active.snapshot, (rows.matrix, k_search))
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 
@@ -396,7 +404,7 @@ class SearchEngine:
             return hit
         pixels = await asyncio.to_thread(self._image_pixels, encoder, data, field)
         # the image tower runs on the encoder's thread, so it never competes with a text batch for the cores
-        vector = await self.batcher.run(encoder.encode_pixels, pixels[None])
+        vector = await self.batcher.run_alone(encoder.encode_pixels, pixels[None])
         return await self._vector_search(active, key, vector, k, offset, t0, time.perf_counter())
 
     def _image_pixels(self, encoder: Encoder, data: bytes, field: str) -> np.ndarray:
@@ -425,7 +433,7 @@ class SearchEngine:
     async def _vector_search(self, active: Active, key: str, vector: np.ndarray, k: int, offset: int, t0: float,
                              t_enc: float, exclude: int | None = None) -> dict:
         snap = active.snapshot
-        scores, ids = await asyncio.to_thread(snap.search_ids, vector, offset + k + (exclude is not None))
+        scores, ids = await self.index_batcher.submit(snap, (vector, offset + k + (exclude is not None)))
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
         response = SearchResponse(
@@ -565,6 +573,14 @@ class SearchEngine:
                                  paraphrases=reports, mean_ao=mean_ao,
                                  mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
                                  threshold=threshold)
+
+
+def _search_snapshot(snapshot: Snapshot, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return snapshot.search_ids(queries, k)
+
+
+# the caption bank's nearest captions, merged across requests like index searches: (rows, similarities)
+_BANK_NEIGHBOURS = search_rows(lambda bank, queries, n: bank.neighbours(queries, n))
 
 
 def validate_snapshot(active: Active) -> None:

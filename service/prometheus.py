@@ -20,5 +20,7 @@ class ServiceMetrics:
         self.cache_errors = Counter("paraseek_cache_errors_total", "Redis errors (served without cache)", registry=r)
         self.batch_size = Histogram("paraseek_encoder_batch_texts", "Texts per encoder call",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.index_batch_size = Histogram("paraseek_index_batch_queries", "Query rows per index search call",
+                                          buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.index_size = Gauge("paraseek_index_vectors", "Vectors in the serving snapshot", registry=r)
         self.reindex = Counter("paraseek_reindex_total", "Reindex jobs", ["result"], registry=r)

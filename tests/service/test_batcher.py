@@ -1,28 +1,38 @@
-"""The micro-batcher on its own, with a fake encoder that records its calls."""
+"""The continuous batcher on its own, with fake encoders and indexes that record their calls."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
 
-from service.batcher import MicroBatcher
+from service.batcher import ContinuousBatcher, encode_texts, search_rows
 
 
 class FakeEncoder:
-    def __init__(self, bad: str | None = None):
+    def __init__(self, bad: str | None = None, gate: threading.Event | None = None):
         self.calls: list[list[str]] = []
         self.bad = bad
+        self.gate = gate  # the first call waits on it, so the test controls what arrives meanwhile
+        self.started = threading.Event()
 
     def __call__(self, model, texts: list[str]):
         self.calls.append(list(texts))
+        self.started.set()
+        if self.gate is not None and len(self.calls) == 1:
+            self.gate.wait(10)
         if self.bad is not None and self.bad in texts:
             raise ValueError(f"cannot encode {self.bad!r}")
         return np.array([[float(len(t)), float(model)] for t in texts], np.float32), [t.endswith("!") for t in texts]
 
 
-async def _submit_all(batcher: MicroBatcher, requests: list[tuple[int, list[str]]]):
+def _encoder_batcher(enc, **kw) -> ContinuousBatcher:
+    return ContinuousBatcher(encode_texts(enc), name="test-encoder", size=len, **kw)
+
+
+async def _submit_all(batcher: ContinuousBatcher, requests: list[tuple[int, list[str]]]):
     await batcher.start()
     try:
         return await asyncio.gather(*(batcher.submit(m, t) for m, t in requests), return_exceptions=True)
@@ -32,27 +42,47 @@ async def _submit_all(batcher: MicroBatcher, requests: list[tuple[int, list[str]
 
 def test_concurrent_requests_share_one_call_and_get_their_own_rows():
     enc = FakeEncoder()
-    batcher = MicroBatcher(enc, max_batch_size=64, max_wait_ms=20)
     requests = [(1, ["a", "bb"]), (1, ["ccc!"]), (1, ["dddd", "e", "ff"])]
-    results = asyncio.run(_submit_all(batcher, requests))
+    results = asyncio.run(_submit_all(_encoder_batcher(enc), requests))
     assert len(enc.calls) == 1 and enc.calls[0] == ["a", "bb", "ccc!", "dddd", "e", "ff"]
     for (_, texts), (vectors, truncated) in zip(requests, results):
         assert vectors[:, 0].tolist() == [len(t) for t in texts]
         assert truncated == [t.endswith("!") for t in texts]
 
 
+def test_idle_encoder_dispatches_at_once_and_a_busy_one_gathers_the_next_batch():
+    """No fixed wait: the first request goes alone; what arrives while it runs forms the next call."""
+    gate = threading.Event()
+    enc = FakeEncoder(gate=gate)
+    batcher = _encoder_batcher(enc, max_wait_ms=0)
+
+    async def go():
+        await batcher.start()
+        try:
+            first = asyncio.create_task(batcher.submit(1, ["first"]))
+            await asyncio.to_thread(enc.started.wait, 10)  # the encoder took "first" without waiting for company
+            later = [asyncio.create_task(batcher.submit(1, [f"later{i}"])) for i in range(5)]
+            await asyncio.sleep(0.05)
+            gate.set()
+            return await asyncio.gather(first, *later)
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(go())
+    assert enc.calls == [["first"], [f"later{i}" for i in range(5)]]
+    assert [r[0][0, 0] for r in results] == [5.0] + [6.0] * 5
+
+
 def test_models_never_mix_in_one_call():
     enc = FakeEncoder()
-    results = asyncio.run(_submit_all(MicroBatcher(enc, max_wait_ms=20), [(1, ["a"]), (2, ["b"]), (1, ["c"])]))
+    results = asyncio.run(_submit_all(_encoder_batcher(enc), [(1, ["a"]), (2, ["b"]), (1, ["c"])]))
     assert [r[0][0, 1] for r in results] == [1.0, 2.0, 1.0]  # each row came from its own model
-    # consecutive requests of one model may share a call; a call never holds two models' texts
-    assert sorted(t for call in enc.calls for t in call) == ["a", "b", "c"]
-    assert ["b"] in enc.calls
+    assert sorted(enc.calls) == [["a", "c"], ["b"]]
 
 
 def test_a_failing_text_fails_only_its_own_request():
     enc = FakeEncoder(bad="poison")
-    results = asyncio.run(_submit_all(MicroBatcher(enc, max_wait_ms=20), [(1, ["ok"]), (1, ["poison"]), (1, ["fine", "x"])]))
+    results = asyncio.run(_submit_all(_encoder_batcher(enc), [(1, ["ok"]), (1, ["poison"]), (1, ["fine", "x"])]))
     assert isinstance(results[1], ValueError) and "poison" in str(results[1])
     assert results[0][0][:, 0].tolist() == [2.0]
     assert results[2][0][:, 0].tolist() == [4.0, 1.0]
@@ -60,10 +90,10 @@ def test_a_failing_text_fails_only_its_own_request():
     assert enc.calls[0] == ["ok", "poison", "fine", "x"] and enc.calls[1:] == [["ok"], ["poison"], ["fine", "x"]]
 
 
-def test_batching_off_encodes_each_request_by_itself():
+def test_batching_off_runs_each_request_by_itself():
     enc = FakeEncoder()
     sizes: list[int] = []
-    batcher = MicroBatcher(enc, enabled=False, on_batch=sizes.append)
+    batcher = _encoder_batcher(enc, enabled=False, on_batch=sizes.append)
     results = asyncio.run(_submit_all(batcher, [(1, ["a", "b"]), (1, ["c"])]))
     assert sorted(map(tuple, enc.calls)) == [("a", "b"), ("c",)]
     assert sorted(sizes) == [1, 2]
@@ -72,7 +102,7 @@ def test_batching_off_encodes_each_request_by_itself():
 
 def test_batch_size_cap_splits_calls():
     enc = FakeEncoder()
-    results = asyncio.run(_submit_all(MicroBatcher(enc, max_batch_size=3, max_wait_ms=20), [(1, ["a", "b"])] * 4))
+    results = asyncio.run(_submit_all(_encoder_batcher(enc, max_batch_size=3), [(1, ["a", "b"])] * 4))
     assert all(len(call) <= 4 for call in enc.calls) and len(enc.calls) >= 2
     assert all(r[0].shape == (2, 2) for r in results)
 
@@ -81,5 +111,40 @@ def test_batch_size_cap_splits_calls():
 def test_results_keep_request_order(n):
     enc = FakeEncoder()
     texts = [["x" * (i + 1)] for i in range(n)]
-    results = asyncio.run(_submit_all(MicroBatcher(enc, max_wait_ms=5), [(1, t) for t in texts]))
+    results = asyncio.run(_submit_all(_encoder_batcher(enc), [(1, t) for t in texts]))
     assert [r[0][0, 0] for r in results] == [float(i + 1) for i in range(n)]
+
+
+class FakeIndex:
+    """Scores are -|query - id| over ids 0..99, so each row's ranking is known."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, name, queries: np.ndarray, k: int):
+        self.calls.append((len(queries), k))
+        ids = np.arange(100)
+        scores = -np.abs(queries[:, :1] - ids[None, :])
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, order, axis=1), order + (1000 if name == "v2" else 0)
+
+
+def test_index_searches_merge_across_k_and_never_across_snapshots():
+    index = FakeIndex()
+    batcher = ContinuousBatcher(search_rows(index), name="test-index", size=lambda p: len(p[0]))
+    requests = [("v1", (np.array([[10.0], [50.0]]), 3)), ("v1", (np.array([[20.0]]), 7)), ("v2", (np.array([[5.0]]), 2))]
+
+    async def go():
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit(key, payload) for key, payload in requests))
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(go())
+    assert sorted(index.calls) == [(1, 2), (3, 7)]  # v1's three rows in one call at the larger k; v2 alone
+    (s1, i1), (s2, i2), (s3, i3) = results
+    assert i1.shape == (2, 3) and i1[:, 0].tolist() == [10, 50]
+    assert i2.shape == (1, 7) and i2[0, 0] == 20
+    assert i3.tolist() == [[1005, 1004]] or i3.tolist() == [[1005, 1006]]
+    assert (s1[:, 0] == 0).all() and s2[0, 0] == 0

@@ -226,6 +226,9 @@ def test_micro_batching_merges_concurrent_requests(make_settings):
     counts = [s for m in engine.metrics.batch_size.collect() for s in m.samples if s.name.endswith("_count")]
     sums = [s for m in engine.metrics.batch_size.collect() for s in m.samples if s.name.endswith("_sum")]
     assert sums[0].value == 16 and counts[0].value < 16  # fewer encoder calls than requests
+    searches = {s.name.rsplit("_", 1)[1]: s.value for m in engine.metrics.index_batch_size.collect() for s in m.samples
+                if s.name.endswith(("_count", "_sum"))}
+    assert searches["sum"] == 16 and searches["count"] < 16  # and fewer index searches: they are merged too
 
 
 def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
