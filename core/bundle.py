@@ -71,10 +71,41 @@ class TowerSpec(BaseModel):
     output_name: str = "embeddings"
 
 
+# int8 serves by default ("auto" precision) only when it agrees with fp32 and costs no quality
+INT8_MIN_COSINE = 0.99
+INT8_MAX_LOSS_POINTS = 0.5
+
+
+class Int8Evaluation(BaseModel):
+    """fp32 and int8 measured side by side at export: paraphrase stability and retrieval, in points."""
+
+    pairs: str = Field(description="the paraphrase pairs file")
+    images: str = Field(description="the image collection searched")
+    ao_at_10: dict[str, float] = Field(description="{'fp32': …, 'int8': …}, 0-100")
+    t2i_r_at_10: dict[str, float] = Field(description="{'fp32': …, 'int8': …}, 0-100")
+
+    @property
+    def loss_points(self) -> float:
+        """The larger drop from fp32 to int8 of the two metrics (negative: int8 scored higher)."""
+        return max(self.ao_at_10["fp32"] - self.ao_at_10["int8"], self.t2i_r_at_10["fp32"] - self.t2i_r_at_10["int8"])
+
+
 class QuantizedSpec(TowerSpec):
     # mean cosine similarity between int8 and fp32 embeddings on the calibration texts at export
     cosine_vs_fp32_mean: float
     cosine_vs_fp32_min: float
+    evaluation: Int8Evaluation | None = Field(None, description="fp32 vs int8 on held-out pairs, measured at export")
+
+    def qualifies(self) -> tuple[bool, str]:
+        """Whether ``auto`` precision picks this tower, and why (or why not)."""
+        if self.cosine_vs_fp32_mean < INT8_MIN_COSINE:
+            return False, f"mean cosine to fp32 {self.cosine_vs_fp32_mean:.4f} < {INT8_MIN_COSINE}"
+        if self.evaluation is None:
+            return False, "no fp32-vs-int8 evaluation recorded at export"
+        if self.evaluation.loss_points > INT8_MAX_LOSS_POINTS:
+            return False, f"int8 loses {self.evaluation.loss_points:.2f} points (AO@10 or T2I R@10) > {INT8_MAX_LOSS_POINTS}"
+        return True, (f"mean cosine {self.cosine_vs_fp32_mean:.4f}, loss {self.evaluation.loss_points:.2f} points "
+                      f"on {self.evaluation.pairs}")
 
 
 class BundleManifest(BaseModel):
@@ -99,6 +130,13 @@ class BundleManifest(BaseModel):
     # provenance: how the bundle was made (exporter, base weights, recipe, measured numbers); free form
     source: dict = Field(default_factory=dict, description="provenance: how the bundle was made (free form)")
     files: dict[str, str] = Field(default_factory=dict, description="file name -> sha256")
+
+
+def resolve_precision(manifest: BundleManifest, precision: str) -> str:
+    """``auto``: int8 when the bundle's int8 tower qualifies (``QuantizedSpec.qualifies``), else fp32."""
+    if precision != "auto":
+        return precision
+    return "int8" if manifest.text_int8 is not None and manifest.text_int8.qualifies()[0] else "fp32"
 
 
 def _referenced_files(manifest: BundleManifest) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest
+from core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest, resolve_precision
 from core.tokenizer import BundleTokenizer, TokenBatch
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,9 @@ class Encoder:
         self.spin = spin
         self.memory_arena = memory_arena
         m = self.manifest
-        if precision not in ("fp32", "int8"):
-            raise BundleError(f"precision must be 'fp32' or 'int8', not {precision!r}")
+        if precision not in ("fp32", "int8", "auto"):
+            raise BundleError(f"precision must be 'fp32', 'int8' or 'auto', not {precision!r}")
+        precision = resolve_precision(m, precision)
         if precision == "int8" and m.text_int8 is None:
             raise BundleError(f"bundle {self.path} has no int8 text tower (export it with --int8)")
         self.precision = precision

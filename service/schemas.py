@@ -262,7 +262,7 @@ class ReindexRequest(StrictModel):
 
 class ReloadRequest(StrictModel):
     bundle: ServerPath = Field(min_length=1)
-    precision: Literal["fp32", "int8"] = "fp32"
+    precision: Literal["auto", "fp32", "int8"] = "auto"
 
 
 class Job(BaseModel):

@@ -84,6 +84,27 @@ def export_openclip_cmd(
     console.print(f"bundle {manifest.name} written to {out} (image_space {manifest.image_space})")
 
 
+@models_app.command("quantize")
+@user_errors
+def quantize_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    eval_pairs: Optional[Path] = typer.Option(None, help="Paraphrase pairs (TSV) to measure AO@10 on, fp32 vs int8."),
+    eval_images: Optional[Path] = typer.Option(None, help="Images (COCO JSON or folder) to search and measure T2I R@10 on."),
+):
+    """Write (or rewrite) the int8 text tower; with --eval-pairs/--eval-images also measure it against
+    fp32 and record that in the manifest, which `auto` precision (the service default) needs to serve it."""
+    if (eval_pairs is None) != (eval_images is None):
+        raise UserError("give both --eval-pairs and --eval-images, or neither")
+    spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=(eval_pairs, eval_images) if eval_pairs and eval_images else None)
+    console.print(f"int8 text tower: cosine vs fp32 mean {spec.cosine_vs_fp32_mean:.4f}, min {spec.cosine_vs_fp32_min:.4f}")
+    if spec.evaluation is not None:
+        e = spec.evaluation
+        console.print(f"AO@10 fp32 {e.ao_at_10['fp32']:.2f} int8 {e.ao_at_10['int8']:.2f}; "
+                      f"T2I R@10 fp32 {e.t2i_r_at_10['fp32']:.2f} int8 {e.t2i_r_at_10['int8']:.2f}")
+    ok, why = spec.qualifies()
+    console.print(f"auto precision serves {'int8' if ok else 'fp32'}: {why}")
+
+
 @models_app.command("export-hf")
 @user_errors
 def export_hf_cmd(

@@ -52,3 +52,26 @@ def test_missing_manifest(tmp_path):
 def test_int8_requires_an_int8_tower(tiny_clip):
     with pytest.raises(BundleError, match="no int8 text tower"):
         Encoder(tiny_clip[0], precision="int8")
+
+
+@pytest.mark.parametrize("cosine, ao, r10, serves", [
+    (0.995, (70.0, 69.8), (74.0, 73.6), "int8"),   # agrees, loses 0.2 and 0.4 points
+    (0.995, (70.0, 70.5), (74.0, 74.2), "int8"),   # int8 scored higher
+    (0.985, (70.0, 70.0), (74.0, 74.0), "fp32"),   # cosine below 0.99
+    (0.995, (70.0, 69.4), (74.0, 74.0), "fp32"),   # AO@10 loses 0.6 points
+    (0.995, (70.0, 70.0), (74.0, 73.4), "fp32"),   # R@10 loses 0.6 points
+    (0.995, None, None, "fp32"),                   # never evaluated
+])
+def test_auto_precision_serves_int8_only_when_it_agrees_and_loses_nothing(cosine, ao, r10, serves):
+    from core.bundle import BundleManifest, Int8Evaluation, QuantizedSpec, TokenizerSpec, TowerSpec, resolve_precision
+
+    evaluation = None if ao is None else Int8Evaluation(
+        pairs="p.tsv", images="i.json", ao_at_10={"fp32": ao[0], "int8": ao[1]}, t2i_r_at_10={"fp32": r10[0], "int8": r10[1]})
+    spec = QuantizedSpec(file="text.int8.onnx", input_names=["input_ids"], cosine_vs_fp32_mean=cosine,
+                         cosine_vs_fp32_min=cosine - 0.01, evaluation=evaluation)
+    manifest = BundleManifest(name="b", version="1", embedding_dim=8, max_tokens=16, image_space="s",
+                              text=TowerSpec(file="text.onnx", input_names=["input_ids"]), text_int8=spec,
+                              tokenizer=TokenizerSpec(file="tokenizer.json"))
+    assert resolve_precision(manifest, "auto") == serves
+    assert resolve_precision(manifest, "fp32") == "fp32" and resolve_precision(manifest, "int8") == "int8"
+    assert resolve_precision(manifest.model_copy(update={"text_int8": None}), "auto") == "fp32"

@@ -57,6 +57,35 @@ def test_int8_agrees_with_fp32(starter_bundle, coco_val):
     assert np.mean(np.sum(fp32 * int8, axis=1)) >= 0.99
 
 
+def test_shipped_int8_evaluation_is_what_quantize_measures(starter_bundle, shared_data, tmp_path):
+    """build-starter records the release measurement of fp32 vs int8; `models quantize` measuring
+    again on the same data gets the same numbers, and `auto` precision follows them."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from paraseek.cli import app
+    from training.export.starter import INT8_EVALUATIONS
+
+    shipped = read_manifest(starter_bundle).text_int8
+    assert shipped.evaluation is not None
+    assert shipped.evaluation.model_dump() == json.loads(INT8_EVALUATIONS.read_text())["paraseek-starter"]["evaluation"]
+    bundle = tmp_path / "starter"
+    shutil.copytree(starter_bundle, bundle)
+    r = CliRunner().invoke(app, ["models", "quantize", str(bundle),
+                                 "--eval-pairs", str(shared_data / "paraphrase" / "cxc_dev_pairs.tsv"),
+                                 "--eval-images", str(shared_data / "coco-mini" / "captions_val2017.json")])
+    assert r.exit_code == 0, r.output
+    measured = read_manifest(bundle).text_int8.evaluation
+    for metric in ("ao_at_10", "t2i_r_at_10"):
+        for precision in ("fp32", "int8"):
+            assert getattr(measured, metric)[precision] == pytest.approx(getattr(shipped.evaluation, metric)[precision], abs=1e-6)
+    serves = "int8" if shipped.qualifies()[0] else "fp32"
+    assert f"auto precision serves {serves}" in r.output
+    assert Encoder(bundle, precision="auto", load_image=False).precision == serves
+
+
 def test_text_to_image_recall_on_coco_mini(starter_encoder, coco_val, shared_data):
     """159 real COCO val photos, 795 captions. Measured: R@1 26.7, R@5 61.0, R@10 74.5
     (random ranking R@10 = 6.3). A broken tower falls far below these floors."""

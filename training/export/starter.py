@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.bundle import ImagePreprocess, read_manifest
+from core.bundle import ImagePreprocess, Int8Evaluation, read_manifest
 from core.demo import demo_captions
 from core.errors import UserError
 from core.tokenizer import load_tokenizer
-from training.export.quantize import quantize_text_tower
+from training.export.quantize import quantize_text_tower, record_int8_evaluation
 from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
 from training.export.onnx_export import export_onnx
 
@@ -35,6 +35,8 @@ STARTER_NAME = "paraseek-starter"
 ROBUST_NAME = "paraseek-starter-robust"
 # the robust text tower's tuned layers (fp16) and their card: training/recipes/robust-starter.yaml
 ROBUST_LAYERS = Path(__file__).resolve().parent.parent / "assets" / "robust-starter.safetensors"
+# fp32 vs int8 of each starter, measured at release (see the file's "about")
+INT8_EVALUATIONS = Path(__file__).resolve().parent.parent / "assets" / "int8-evaluations.json"
 STARTER_VERSION = "1"
 TOP_T = 10
 PROMPT = "a photo of a {}"
@@ -150,9 +152,23 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
         max_tokens=max_seq_length(model_dir), source=source, image_preprocess=LITE_PREPROCESS,
     )
     if int8:
-        quantize_text_tower(out, calibration_texts or demo_captions())
+        spec = quantize_text_tower(out, calibration_texts or demo_captions())
+        evaluation = shipped_int8_evaluation(name, spec.cosine_vs_fp32_mean) if calibration_texts is None else None
+        if evaluation is not None:
+            record_int8_evaluation(out, evaluation)
         manifest = read_manifest(out)
     return manifest
+
+
+def shipped_int8_evaluation(name: str, cosine_vs_fp32_mean: float) -> Int8Evaluation | None:
+    """The fp32-vs-int8 evaluation measured at release for this starter (``INT8_EVALUATIONS``), when
+    this build's int8 tower is the one that was measured: the same mean cosine to fp32 on the demo
+    captions. A build that differs (other weights, another onnxruntime) gets none, and ``auto``
+    precision keeps fp32 until it is measured with ``paraseek models quantize``."""
+    entry = json.loads(INT8_EVALUATIONS.read_text()).get(name)
+    if entry is None or abs(cosine_vs_fp32_mean - entry["cosine_vs_fp32_mean"]) > 5e-4:
+        return None
+    return Int8Evaluation.model_validate(entry["evaluation"])
 
 
 def ensure_starter_bundle(path: Path, rebuild: bool = False, tuned_layers: Path | None = None) -> Path:
