@@ -21,7 +21,7 @@ from core.encoder import Encoder
 from core.errors import UserError
 from core.images import ImageDecodeError, decode_image
 from core.rank_metrics import overlap_recall
-from index.faiss_index import IndexSpec, create_index, exact_search, train_and_add
+from index.faiss_index import ExactVectors, IndexSpec, create_index, exact_search, search, train_and_add, tune_for_recall
 from index.image_sources import ImageRecord, ImageSource, open_source, read_member
 from index.snapshot import (
     BundleRef,
@@ -124,24 +124,43 @@ def _metadata(records: Iterable[ImageRecord], sizes: Iterable[dict]) -> list[dic
     return rows
 
 
-def measure_recall(index, spec: IndexSpec, vectors, ids, queries, k: int = 10) -> tuple[float | None, int]:
+def measure_recall(index, spec: IndexSpec, vectors, ids, queries, k: int = 10, target_recall: float | None = None,
+                   query_source: str = "") -> tuple[IndexSpec, float | None, int, dict | None]:
+    """Recall@k of an approximate index against exact search -> (spec, recall, queries, tuning).
+
+    With ``target_recall`` the queries are split: the first half tunes the search setting
+    (``tune_for_recall``: nprobe, efSearch, refine factor), the held-out half measures the recall
+    recorded in the manifest, so the number is not the one the tuning optimised."""
     if spec.exact or len(ids) == 0:
-        return None, 0
-    queries = queries[:RECALL_QUERIES]
+        return spec, None, 0, None
+    queries = np.ascontiguousarray(queries[:RECALL_QUERIES], np.float32)
     truth = exact_search(vectors, ids, queries, k)
-    _, got = index.search(np.ascontiguousarray(queries, np.float32), truth.shape[1])
-    return overlap_recall(got, truth), len(queries)
+    exact = ExactVectors(vectors, ids)
+    tuning = None
+    if target_recall is not None:
+        if len(queries) < 4:
+            raise BuildError(f"--target-recall needs at least 4 queries to tune and check on, there are {len(queries)}")
+        half = len(queries) // 2
+        spec, tuned_recall, ms = tune_for_recall(index, spec, exact, queries[:half], truth[:half], target_recall, k)
+        tuning = {"target_recall": target_recall, "reached": tuned_recall >= target_recall,
+                  "recall_at_10_on_tuning_queries": round(tuned_recall, 4), "tuning_queries": half,
+                  "ms_per_query_at_tuning": round(ms, 4), "queries": query_source,
+                  "setting": {"nprobe": spec.nprobe, "ef_search": spec.ef_search, "refine_factor": spec.refine_factor}}
+        queries, truth = queries[half:], truth[half:]
+    _, got = search(index, spec, queries, truth.shape[1], exact)
+    return spec, overlap_recall(got, truth), len(queries), tuning
 
 
-def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Real queries where the source has captions (one per image), else a sample of the vectors."""
+def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
+    """Text queries where the source has captions (one per image): text queries sit away from the
+    image vectors, so they, not image vectors, show the recall users get. Else a sample of the vectors."""
     rng = np.random.default_rng(seed)
     captions = [row["captions"][0] for row in metadata if row.get("captions")]
     if captions:
         pick = rng.permutation(len(captions))[:RECALL_QUERIES]
-        return encoder.encode_text([captions[i] for i in pick])
+        return encoder.encode_text([captions[i] for i in pick]), "captions of the indexed images, by the bundle's text tower"
     pick = rng.permutation(len(vectors))[:RECALL_QUERIES]
-    return vectors[pick]
+    return vectors[pick], "a sample of the indexed vectors (no captions: text queries may see lower recall)"
 
 
 @dataclass
@@ -164,16 +183,16 @@ def bundle_ref(encoder: Encoder) -> BundleRef:
 
 
 def _manifest(draft: VersionDraft, ref: BundleRef, dim: int, spec: IndexSpec, recall: float | None,
-              n_queries: int) -> SnapshotManifest:
+              n_queries: int, tuning: dict | None = None) -> SnapshotManifest:
     return SnapshotManifest(
         version=draft.version, created_at=datetime.now(timezone.utc).isoformat(), parent=draft.parent,
         bundle=ref, image_space=ref.image_space, count=len(draft.ids), dim=dim, index=spec,
-        recall_at_10=recall, recall_queries=n_queries, source=draft.provenance,
+        recall_at_10=recall, recall_queries=n_queries, tuning=tuning, source=draft.provenance,
     )
 
 
 def _finish(draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
-            activate: bool = True) -> tuple[Path, SnapshotManifest]:
+            activate: bool = True, target_recall: float | None = None) -> tuple[Path, SnapshotManifest]:
     """Build the index (unless given), measure its recall, write and publish the version."""
     d = draft
     if len(np.unique(d.ids)) != len(d.ids):
@@ -181,9 +200,12 @@ def _finish(draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
     if index is None:
         spec = spec.resolved(len(d.ids), encoder.dim)
         index = train_and_add(create_index(spec, encoder.dim), d.vectors, d.ids)
-    recall, n_queries = measure_recall(index, spec, d.vectors, d.ids, _recall_queries(encoder, d.metadata, d.vectors))
+    queries, source = _recall_queries(encoder, d.metadata, d.vectors)
+    spec, recall, n_queries, tuning = measure_recall(index, spec, d.vectors, d.ids, queries, target_recall=target_recall,
+                                                     query_source=source)
     write_snapshot_files(d.stage, index, d.ids, d.vectors, d.metadata, d.report)
-    return publish(d.root, d.stage, _manifest(d, bundle_ref(encoder), encoder.dim, spec, recall, n_queries), activate=activate)
+    manifest = _manifest(d, bundle_ref(encoder), encoder.dim, spec, recall, n_queries, tuning)
+    return publish(d.root, d.stage, manifest, activate=activate)
 
 
 def build_snapshot(
@@ -198,8 +220,12 @@ def build_snapshot(
     progress: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
     activate: bool = True,
+    target_recall: float | None = None,
 ) -> BuildResult:
     """Index a whole source into a new snapshot version and publish it as ``current``.
+
+    ``target_recall`` (e.g. 0.95): tune the approximate index's search setting to reach that
+    recall@10 on caption queries, and record the setting and its held-out recall in the manifest.
 
     With ``activate=False`` the version is written but ``current`` is left alone: the caller validates
     it and then calls ``index.snapshot.activate``."""
@@ -229,7 +255,7 @@ def build_snapshot(
         provenance = {"kind": src.kind, "root": str(src.root.resolve()),
                        "annotations": str(src.annotations.resolve()) if src.annotations else None}
         draft = VersionDraft(root, stage, version, vectors, ids, _metadata(kept, sizes), provenance, report)
-        final, manifest = _finish(draft, encoder, spec or IndexSpec(), activate=activate)
+        final, manifest = _finish(draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
         raise
@@ -321,6 +347,8 @@ def build_snapshot_from_vectors(
     chunk: int = 65_536,
     progress: bool = True,
     activate: bool = True,
+    target_recall: float | None = None,
+    queries: np.ndarray | None = None,
 ) -> BuildResult:
     """Index precomputed image embeddings (``index.vector_sources`` layouts) into a new snapshot version.
 
@@ -328,7 +356,11 @@ def build_snapshot_from_vectors(
     search the snapshot, any other is refused. Shards are streamed: vectors go to the version's
     ``vectors.npy`` on disk one shard at a time, IVF/PQ quantisers train on a random sample of
     ``train_sample`` rows, and the index takes the vectors back in chunks, so memory holds one shard,
-    the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit)."""
+    the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit).
+
+    ``queries``: sample text-query embeddings (by the text tower aligned to these vectors) that recall
+    is measured, and with ``target_recall`` tuned, on; without them a sample of the vectors stands in.
+    """
     src = source if isinstance(source, VectorSource) else open_vector_source(source, metadata)
     if not image_space.strip():
         raise BuildError("name the image space the vectors came from (--image-space, or --bundle with that image tower)")
@@ -372,8 +404,16 @@ def build_snapshot_from_vectors(
         for begin in tqdm(range(0, count, chunk), desc="indexing", unit="chunk", disable=not progress):
             index.add_with_ids(np.ascontiguousarray(vectors[begin:begin + chunk]), ids[begin:begin + chunk])
         seconds = time.perf_counter() - start
-        queries = np.asarray(vectors[np.sort(rng.choice(count, size=min(RECALL_QUERIES, count), replace=False))])
-        recall, n_queries = measure_recall(index, spec, vectors, ids, queries)
+        if queries is not None:
+            queries = np.asarray(queries, np.float32)
+            if queries.ndim != 2 or queries.shape[1] != dim:
+                raise BuildError(f"query vectors have shape {queries.shape}, the collection's dimension is {dim}")
+            query_source = "the query vectors given"
+        else:
+            queries = np.asarray(vectors[np.sort(rng.choice(count, size=min(RECALL_QUERIES, count), replace=False))])
+            query_source = "a sample of the indexed vectors (give text-query vectors for the recall text queries see)"
+        spec, recall, n_queries, tuning = measure_recall(index, spec, vectors, ids, queries, target_recall=target_recall,
+                                                         query_source=query_source)
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "ids.npy", ids)
         report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
@@ -383,7 +423,7 @@ def build_snapshot_from_vectors(
                       "shards": [s.vectors.name for s in src.shards]}
         draft = VersionDraft(root, stage, version, vectors, ids, [], provenance, report)
         ref = BundleRef(name=bundle_name, version=bundle_version, image_space=image_space)
-        final, manifest = publish(root, stage, _manifest(draft, ref, dim, spec, recall, n_queries), activate=activate)
+        final, manifest = publish(root, stage, _manifest(draft, ref, dim, spec, recall, n_queries, tuning), activate=activate)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
         raise

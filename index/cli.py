@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import typer
 from pydantic import ValidationError
 from rich.table import Table
@@ -68,11 +69,24 @@ def build_cmd(
     params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32, "ef_search": 64}\'.'),
     batch_size: int = typer.Option(32, min=1),
     workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),
+    target_recall: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Tune nprobe/efSearch/refine factor to "
+                                                  "reach this recall@10 on text queries (captions of the images, or "
+                                                  "--query-vectors), and record the setting and its held-out recall."),
+    query_vectors: Optional[Path] = typer.Option(None, help="With --embeddings: a .npy of text-query embeddings "
+                                                 "(the aligned text tower's) to measure and tune recall on."),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
     if (source is None) == (embeddings is None):
         raise UserError("give an image source or --embeddings PATH (one of the two)")
+    if query_vectors is not None and embeddings is None:
+        raise UserError("--query-vectors goes with --embeddings (image builds use the captions of the images)")
     spec = index_spec(index_type, params)
+    queries = None
+    if query_vectors is not None:
+        try:
+            queries = np.load(query_vectors, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--query-vectors {query_vectors}: not a readable .npy file ({exc})") from exc
     out = out or Settings().snapshot_root
     if source is None:
         assert embeddings is not None  # exactly one of the two, checked above
@@ -82,11 +96,13 @@ def build_cmd(
         else:
             name, version = "precomputed", ""
         result = build_snapshot_from_vectors(embeddings, out, image_space=image_space, bundle_name=name,
-                                             bundle_version=version, metadata=metadata, spec=spec, normalize=normalize)
+                                             bundle_version=version, metadata=metadata, spec=spec, normalize=normalize,
+                                             target_recall=target_recall, queries=queries)
         unit = "vectors"
     else:
         result = build_snapshot(
             source, load_encoder(bundle), out, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
+            target_recall=target_recall,
         )
         unit = "images"
     m = result.manifest
@@ -94,6 +110,12 @@ def build_cmd(
         f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
         f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
     )
+    if m.tuning is not None:
+        t = m.tuning
+        console.print(f"tuned for recall@10 >= {t['target_recall']} on {t['tuning_queries']} queries ({t['queries']}): "
+                      f"{t['setting']} -> {t['recall_at_10_on_tuning_queries']:.3f} there, {m.recall_at_10:.3f} on "
+                      f"{m.recall_queries} held-out queries" + ("" if t["reached"] else " (target NOT reached: the most "
+                                                                 "accurate setting tried is kept)"))
     for item in result.skipped:
         err.print(f"skipped {item['path']}: {item['error']}", highlight=False)
 

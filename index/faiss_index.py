@@ -11,6 +11,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import UserError
+from core.rank_metrics import overlap_recall
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ class IndexSpec(BaseModel):
     nprobe: int = Field(16, ge=1)
     pq_m: int | None = Field(None, ge=1, description="PQ sub-quantisers; default dim/4 (must divide dim)")
     pq_nbits: int = Field(8, ge=4, le=12)
+    refine_factor: int | None = Field(
+        None, ge=1, le=1000, description="re-rank k x this many candidates by their exact vectors (the snapshot's "
+        "vectors.npy, memory-mapped): recovers the recall PQ codes lose; 1 = off; default 20 for ivf_pq, else 1")
 
     def resolved(self, count: int, dim: int) -> IndexSpec:
         """Fill in defaults that depend on the data size."""
@@ -51,6 +55,8 @@ class IndexSpec(BaseModel):
             if count < 16:
                 raise UserError(f"ivf_pq needs at least 16 vectors to train, the source has {count}: use flat")
             upd["pq_nbits"] = min(self.pq_nbits, int(math.log2(count)))
+        if self.refine_factor is None:
+            upd["refine_factor"] = 20 if kind == "ivf_pq" else 1
         return self.model_copy(update=upd)
 
     @property
@@ -132,3 +138,104 @@ def exact_search(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: i
         heap.add_result(-scores, rows + begin)
     heap.finalize()
     return ids[heap.I]
+
+
+class ExactVectors:
+    """The exact vectors behind an index, looked up by id: the refine stage's re-ranking reads them
+    (a memory map of the snapshot's ``vectors.npy``: only the candidates' rows are touched)."""
+
+    def __init__(self, vectors: np.ndarray, ids: np.ndarray):
+        self.vectors = vectors
+        self._order = np.argsort(ids, kind="stable")
+        self._sorted = ids[self._order]
+
+    def rows(self, image_ids: np.ndarray) -> np.ndarray:
+        image_ids = np.asarray(image_ids, np.int64)
+        pos = np.minimum(np.searchsorted(self._sorted, image_ids), len(self._sorted) - 1)
+        if len(pos) and not np.array_equal(self._sorted[pos], image_ids):
+            missing = image_ids[self._sorted[pos] != image_ids]
+            raise KeyError(f"ids not in the index: {missing[:5].tolist()}")
+        return self._order[pos]
+
+    def rerank(self, queries: np.ndarray, candidates: np.ndarray, k: int,
+               block_bytes: int = 32 << 20) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids) of the k best candidates of each query by exact inner product; -1 pads. Queries
+        go in blocks whose gathered candidate vectors stay under ``block_bytes``."""
+        step = max(1, block_bytes // max(1, candidates.shape[1] * self.vectors.shape[1] * 4))
+        if len(candidates) > step:
+            parts = [self.rerank(queries[i:i + step], candidates[i:i + step], k, block_bytes)
+                     for i in range(0, len(candidates), step)]
+            return np.vstack([p[0] for p in parts]), np.vstack([p[1] for p in parts])
+        q, width = candidates.shape
+        valid = candidates >= 0
+        rows = self.rows(np.where(valid, candidates, self._sorted[0]))
+        flat_rows = rows.ravel()
+        order = np.argsort(flat_rows, kind="stable")  # read the memory map front to back
+        gathered = np.empty((len(flat_rows), self.vectors.shape[1]), np.float32)
+        gathered[order] = self.vectors[flat_rows[order]]
+        scores = np.einsum("qkd,qd->qk", gathered.reshape(q, width, -1), queries.astype(np.float32, copy=False))
+        scores[~valid] = -np.inf
+        k = min(k, width)
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        ids = np.take_along_axis(candidates, top, axis=1)
+        best = np.take_along_axis(scores, top, axis=1)
+        ids[~np.isfinite(best)] = -1
+        return best.astype(np.float32), ids
+
+
+def search(index: faiss.Index, spec: IndexSpec, queries: np.ndarray, k: int,
+           exact: ExactVectors | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the top k, through the refine stage when the spec asks for it."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if (spec.refine_factor or 1) <= 1 or exact is None or spec.exact:
+        return index.search(queries, k)
+    _, candidates = index.search(queries, min(k * (spec.refine_factor or 1), index.ntotal))
+    return exact.rerank(queries, candidates, k)
+
+
+# search-time settings tried by tune_for_recall, cheapest first within each family
+_NPROBES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096]
+_EF_SEARCH = [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048]
+_REFINE = [1, 2, 5, 10, 20, 50, 100]
+
+
+def _candidates(spec: IndexSpec) -> list[list[IndexSpec]]:
+    """Families of settings, each ordered by growing cost (recall grows along a family)."""
+    if spec.type == "hnsw":
+        return [[spec.model_copy(update={"ef_search": ef}) for ef in _EF_SEARCH]]
+    nlist = spec.nlist or 1
+    probes = [p for p in _NPROBES if p < nlist] + [nlist]
+    if spec.type == "ivf_flat":
+        return [[spec.model_copy(update={"nprobe": p}) for p in probes]]
+    if spec.type == "ivf_pq":
+        return [[spec.model_copy(update={"nprobe": p, "refine_factor": r}) for p in probes] for r in _REFINE]
+    return []
+
+
+def tune_for_recall(index: faiss.Index, spec: IndexSpec, exact: ExactVectors, queries: np.ndarray,
+                    truth: np.ndarray, target: float, k: int = 10) -> tuple[IndexSpec, float, float]:
+    """The fastest search setting (nprobe, efSearch, refine factor) whose recall@k on ``queries``
+    (against ``truth``, exact top-k ids) reaches ``target``; else the most accurate one tried.
+    -> (spec, its recall on these queries, milliseconds per query)."""
+    import time
+
+    best: tuple[IndexSpec, float, float] | None = None
+    fallback: tuple[IndexSpec, float, float] | None = None
+    for family in _candidates(spec):
+        for candidate in family:
+            apply_search_params(index, candidate)
+            start = time.perf_counter()
+            _, got = search(index, candidate, queries, k, exact)
+            ms = (time.perf_counter() - start) * 1000 / len(queries)
+            recall = overlap_recall(got, truth)
+            if fallback is None or recall > fallback[1]:
+                fallback = (candidate, recall, ms)
+            if recall >= target:
+                if best is None or ms < best[2]:
+                    best = (candidate, recall, ms)
+                break  # the rest of this family only costs more
+    chosen = best or fallback
+    if chosen is None:  # flat: nothing to tune
+        return spec, 1.0, 0.0
+    apply_search_params(index, chosen[0])
+    return chosen

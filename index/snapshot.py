@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.errors import UserError
 from core.integrity import checksums, verify_checksums
-from index.faiss_index import IndexSpec, apply_search_params, set_threads, to_search_device
+from index.faiss_index import ExactVectors, IndexSpec, apply_search_params, search, set_threads, to_search_device
 
 CURRENT = "current"
 VERSIONS = "versions"
@@ -60,6 +60,8 @@ class SnapshotManifest(BaseModel):
     index: IndexSpec
     recall_at_10: float | None = Field(None, description="vs exact search; None for exact indexes")
     recall_queries: int = 0
+    tuning: dict | None = Field(None, description="--target-recall: the target, the setting chosen on tuning queries, "
+                                "its speed, and where the queries came from; recall_at_10 is then measured on held-out ones")
     # provenance: which image source was indexed (kind, root, annotations)
     source: dict = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
@@ -278,7 +280,7 @@ class Snapshot:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if queries.shape[1] != self.manifest.dim:
             raise SnapshotError(f"query dim {queries.shape[1]} != snapshot dim {self.manifest.dim}")
-        return self.index.search(queries, min(int(k), len(self.ids)))
+        return search(self.index, self.manifest.index, queries, min(int(k), len(self.ids)), self.exact_vectors())
 
     def search(self, queries: np.ndarray, k: int) -> list[list[SearchHit]]:
         scores, ids = self.search_ids(queries, k)
@@ -319,9 +321,13 @@ class Snapshot:
     def vectors(self) -> np.ndarray:
         return np.load(self.path / "vectors.npy", mmap_mode="r")
 
+    def exact_vectors(self) -> ExactVectors:
+        """The stored vectors by id (memory-mapped: the refine stage and "more like this" read rows)."""
+        if getattr(self, "_exact", None) is None:
+            self._exact = ExactVectors(self.vectors(), self.ids)
+        return self._exact
+
     def vectors_of(self, image_ids) -> np.ndarray:
         """The stored (exact) vectors of these image ids, in their order."""
-        if getattr(self, "_rows", None) is None:
-            self._rows = {int(i): r for r, i in enumerate(self.ids)}
-            self._vectors = self.vectors()
-        return np.asarray(self._vectors[[self._rows[int(i)] for i in image_ids]], np.float32)
+        exact = self.exact_vectors()
+        return np.asarray(exact.vectors[exact.rows(np.asarray(image_ids, np.int64))], np.float32)

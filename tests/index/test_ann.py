@@ -1,0 +1,119 @@
+"""Approximate search that holds recall: the refine stage and tuning for a target recall."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+
+from core.rank_metrics import overlap_recall
+from index.builder import build_snapshot_from_vectors
+from index.faiss_index import ExactVectors, IndexSpec, apply_search_params, create_index, exact_search, search, train_and_add
+from index.faiss_index import tune_for_recall
+from index.snapshot import Snapshot
+
+
+def _clustered(n: int, dim: int, seed: int, centres: int = 64, noise: float = 0.6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((centres, dim)).astype(np.float32)
+    x = c[rng.integers(0, centres, n)] + noise * rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def collection():
+    vectors = _clustered(20_000, 64, seed=0)
+    ids = np.arange(20_000, dtype=np.int64) * 7 + 3  # ids are not row numbers
+    # "text" queries: drawn around the same centres, shifted off the collection's distribution
+    queries = _clustered(200, 64, seed=0, noise=0.9)[:200]
+    queries = queries + 0.3 * _clustered(1, 64, seed=5)[0]
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return vectors, ids, queries.astype(np.float32), exact_search(vectors, ids, queries, 10)
+
+
+def test_rerank_is_exact_among_the_candidates(collection):
+    vectors, ids, queries, _ = collection
+    exact = ExactVectors(vectors, ids)
+    rng = np.random.default_rng(1)
+    candidates = ids[rng.integers(0, len(ids), (5, 40))]
+    candidates[0, 5:] = -1  # a short candidate list is padded with -1
+    scores, got = exact.rerank(queries[:5], candidates, 10)
+    for q in range(5):
+        cand = [c for c in candidates[q] if c >= 0]
+        sims = {c: float(vectors[(c - 3) // 7] @ queries[q]) for c in cand}
+        expected = sorted(sims, key=lambda c: -sims[c])[:10]
+        assert [int(x) for x in got[q] if x >= 0] == expected
+        assert np.allclose([s for s, x in zip(scores[q], got[q]) if x >= 0], [sims[c] for c in expected], atol=1e-5)
+    assert (got[0, 5:] == -1).all()
+    with pytest.raises(KeyError):
+        exact.rows(np.array([4]))
+
+
+def test_refine_recovers_the_recall_pq_codes_lose(collection):
+    vectors, ids, queries, truth = collection
+    spec = IndexSpec(type="ivf_pq", nlist=64, nprobe=16, pq_m=8).resolved(len(ids), 64)
+    assert spec.refine_factor == 20  # ivf_pq refines by default
+    index = train_and_add(create_index(spec, 64), vectors, ids)
+    exact = ExactVectors(vectors, ids)
+    _, plain = search(index, spec.model_copy(update={"refine_factor": 1}), queries, 10, exact)
+    scores, refined = search(index, spec, queries, 10, exact)
+    assert overlap_recall(refined, truth) >= overlap_recall(plain, truth) + 0.2
+    # refined scores are exact inner products, not PQ estimates
+    rows = exact.rows(refined[0])
+    assert np.allclose(scores[0], vectors[rows] @ queries[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["ivf_flat", "ivf_pq", "hnsw"])
+def test_tuning_picks_the_cheapest_setting_that_reaches_the_target(collection, kind):
+    vectors, ids, queries, truth = collection
+    params = {"ivf_flat": {"nlist": 128}, "ivf_pq": {"nlist": 128, "pq_m": 8}, "hnsw": {"hnsw_m": 8, "ef_construction": 40}}
+    spec = IndexSpec(type=kind, **params[kind]).resolved(len(ids), 64)
+    index = train_and_add(create_index(spec, 64), vectors, ids)
+    exact = ExactVectors(vectors, ids)
+    tuned, recall, _ = tune_for_recall(index, spec, exact, queries, truth, 0.95)
+    assert recall >= 0.95
+    _, got = search(index, tuned, queries, 10, exact)
+    assert overlap_recall(got, truth) == pytest.approx(recall)  # the index is left on the chosen setting
+    if kind == "ivf_flat":  # one step cheaper misses the target
+        smaller = max(p for p in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96) if p < tuned.nprobe)
+        apply_search_params(index, tuned.model_copy(update={"nprobe": smaller}))
+        assert overlap_recall(index.search(queries, 10)[1], truth) < 0.95
+
+
+def test_build_with_target_recall_records_and_serves_the_setting(collection, tmp_path):
+    vectors, ids, queries, truth = collection
+    src = tmp_path / "vecs.npy"
+    np.save(src, vectors)
+    res = build_snapshot_from_vectors(src, tmp_path / "snap", image_space="test/space", progress=False,
+                                      spec=IndexSpec(type="ivf_pq", nlist=128, pq_m=8), target_recall=0.95, queries=queries)
+    m = res.manifest
+    assert m.tuning is not None and m.tuning["target_recall"] == 0.95 and m.tuning["reached"]
+    assert m.tuning["tuning_queries"] == 100 and m.recall_queries == 100  # held-out half measures the recorded recall
+    assert m.tuning["setting"] == {"nprobe": m.index.nprobe, "ef_search": m.index.ef_search,
+                                   "refine_factor": m.index.refine_factor}
+    assert m.recall_at_10 is not None and m.recall_at_10 >= 0.9
+    snap = Snapshot.load(tmp_path / "snap")
+    assert faiss.extract_index_ivf(snap.index).nprobe == m.index.nprobe
+    _, got = snap.search_ids(queries[100:], 10)
+    truth_rows = exact_search(vectors, np.arange(len(vectors), dtype=np.int64), queries[100:], 10)
+    assert overlap_recall(got, truth_rows) == pytest.approx(m.recall_at_10)  # the served search is the measured one
+
+
+def test_cli_target_recall_with_query_vectors(collection, tmp_path):
+    from typer.testing import CliRunner
+
+    from paraseek.cli import app
+
+    vectors, _, queries, _ = collection
+    np.save(tmp_path / "vecs.npy", vectors[:5000])
+    np.save(tmp_path / "queries.npy", queries)
+    r = CliRunner().invoke(app, ["index", "build", "--embeddings", str(tmp_path / "vecs.npy"), "--image-space", "test/space",
+                                 "--out", str(tmp_path / "snap"), "--type", "ivf_flat", "--params", '{"nlist": 64}',
+                                 "--target-recall", "0.9", "--query-vectors", str(tmp_path / "queries.npy")])
+    assert r.exit_code == 0, r.output
+    assert "tuned for recall@10 >= 0.9 on 100 queries (the query vectors given)" in r.output
+    np.save(tmp_path / "bad.npy", queries[:, :10])
+    bad = CliRunner().invoke(app, ["index", "build", "--embeddings", str(tmp_path / "vecs.npy"), "--image-space", "s",
+                                   "--out", str(tmp_path / "snap2"), "--type", "ivf_flat", "--target-recall", "0.9",
+                                   "--query-vectors", str(tmp_path / "bad.npy")])
+    assert bad.exit_code != 0 and "query vectors have shape (200, 10)" in bad.output
