@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     encoder_threads: int | None = Field(None, ge=1)
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
     faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
+    faiss_batch_threads: int | None = Field(None, ge=1, description="threads of merged searches of 2+ rows (default: every core)")
     snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the snapshot root's `current` changes "
                                    "(replicas sharing a volume pick up another replica's reindex)")
 

@@ -26,7 +26,17 @@ import numpy as np
 from core.encoder import Encoder
 from core.rank_metrics import overlap_recall
 from index.builder import build_snapshot
-from index.faiss_index import IndexSpec, apply_search_params, create_index, exact_search, set_threads, train_and_add
+from index.faiss_index import (
+    ExactVectors,
+    IndexSpec,
+    apply_search_params,
+    create_index,
+    exact_search,
+    search,
+    set_threads,
+    train_and_add,
+    tune_for_recall,
+)
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -44,8 +54,16 @@ def synthetic_collection(centres: np.ndarray, n: int, rng: np.random.Generator, 
     return out
 
 
+def synthetic_queries(texts: np.ndarray, seed: int = 0, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The 500 real caption embeddings with a little noise, normalised: text queries, which sit away
+    from the image vectors the collection is drawn around."""
+    rng = rng or np.random.default_rng(seed)
+    qn = texts + 0.1 * rng.standard_normal(texts.shape).astype(np.float32) / np.sqrt(texts.shape[1])
+    return np.ascontiguousarray(qn / np.linalg.norm(qn, axis=1, keepdims=True))
+
+
 def time_search(index, queries: np.ndarray, batch: int, k: int = 10, budget_s: float = 1.5) -> tuple[float, float]:
-    """-> (median latency ms per call, queries/s)."""
+    """-> (median latency ms per call, queries/s). ``index``: anything with ``search(queries, k)``."""
     index.search(queries[:batch], k)  # warm-up
     lat: list[float] = []
     done, start = 0, time.perf_counter()
@@ -79,8 +97,21 @@ def operating_points(spec: IndexSpec) -> list[tuple[str, IndexSpec]]:
     if spec.type in ("ivf_flat", "ivf_pq"):
         assert spec.nlist is not None  # resolved() set it
         probes = sorted({max(1, spec.nlist // d) for d in (128, 64, 32, 16, 8)})
+        if spec.type == "ivf_pq":  # PQ codes alone, then re-ranked by the exact vectors (refine)
+            return [(f"nprobe={p} rf={r}", spec.model_copy(update={"nprobe": p, "refine_factor": r}))
+                    for r in (1, 10, 20, 50) for p in probes]
         return [(f"nprobe={p}", spec.model_copy(update={"nprobe": p})) for p in probes]
     return [("exact", spec)]
+
+
+class Searcher:
+    """One index at one search setting, through the refine stage when the setting has one."""
+
+    def __init__(self, index, spec: IndexSpec, exact: ExactVectors):
+        self.index, self.spec, self.exact = index, spec, exact
+
+    def search(self, queries: np.ndarray, k: int):
+        return search(self.index, self.spec, queries, k, self.exact)
 
 
 def specs_for(n: int) -> dict[str, IndexSpec]:
@@ -90,7 +121,7 @@ def specs_for(n: int) -> dict[str, IndexSpec]:
         # HNSW construction dominates at 1M on two cores: a cheaper build there
         "hnsw": IndexSpec(type="hnsw", hnsw_m=32, ef_construction=80 if n <= 100_000 else 64),
         "ivf_flat": IndexSpec(type="ivf_flat", nlist=nlist),
-        "ivf_pq": IndexSpec(type="ivf_pq", nlist=nlist, pq_m=64, pq_nbits=8),
+        "ivf_pq": IndexSpec(type="ivf_pq", nlist=nlist, pq_nbits=8),  # pq_m: the default, dim/4
     }
 
 
@@ -109,8 +140,7 @@ def main(argv=None) -> int:
     feats = np.load(args.data / "clip-vitb16-coco500" / "features_clip.npy")
     centres, texts = feats[0].astype(np.float32), feats[1].astype(np.float32)
     rng = np.random.default_rng(0)
-    qn = texts + 0.1 * rng.standard_normal(texts.shape).astype(np.float32) / np.sqrt(texts.shape[1])
-    queries = np.ascontiguousarray(qn / np.linalg.norm(qn, axis=1, keepdims=True))
+    queries = synthetic_queries(texts, rng=rng)
     set_threads(args.threads or None)
 
     print("batch 1 runs on 1 FAISS thread (fastest here for single queries), batch 64 on all threads")
@@ -124,19 +154,31 @@ def main(argv=None) -> int:
         truth = exact_search(vectors, ids, queries, 10)
         exact_times: tuple[float, float] | None = None
         for kind in args.kinds:
-            spec = specs_for(n)[kind]
+            spec = specs_for(n)[kind].resolved(n, vectors.shape[1])
             set_threads(args.threads or os.cpu_count())
             t0 = time.perf_counter()
-            index = train_and_add(create_index(spec, vectors.shape[1]), vectors, ids)
+            index = create_index(spec, vectors.shape[1])
+            if not index.is_trained:  # quantisers train on a sample, as snapshot builds do
+                index.train(vectors[np.sort(rng.choice(n, min(n, 100_000), replace=False))])
+            index = train_and_add(index, vectors, ids)
             build_s = time.perf_counter() - t0
-            for label, point in operating_points(spec):
+            exact = ExactVectors(vectors, ids)
+            points = operating_points(spec)
+            if kind != "flat":  # and the setting --target-recall 0.95 picks, tuned on half the queries
+                half = len(queries) // 2
+                tuned, _, _ = tune_for_recall(index, spec, exact, queries[:half],
+                                              truth[:half], 0.95)
+                points.append(("tuned " + "/".join(f"{v}" for v in (tuned.nprobe if kind != "hnsw" else tuned.ef_search,
+                                                                     tuned.refine_factor) if v), tuned))
+            for label, point in points:
                 apply_search_params(index, point)
-                _, got = index.search(queries, 10)
+                searcher = Searcher(index, point, exact)
+                _, got = searcher.search(queries, 10)
                 recall = overlap_recall(got, truth)
                 set_threads(1)
-                b1 = time_search(index, queries, 1)
+                b1 = time_search(searcher, queries, 1)
                 set_threads(args.threads or os.cpu_count())
-                b64 = time_search(index, queries, 64)
+                b64 = time_search(searcher, queries, 64)
                 if kind == "flat":
                     exact_times = (b1[0], b64[0])
                 assert exact_times is not None, "flat runs first: it is the reference"
@@ -148,8 +190,8 @@ def main(argv=None) -> int:
             del index
     if best:
         kind = max(best, key=lambda name: best[name])  # the fastest setting that reaches the recall target
-        ok = best[kind] >= 10
-        print(f"\ntarget at {max(args.sizes)}: approximate index with recall@10 >= 0.95 and >= 10x faster than exact (batch 1): "
+        ok = best[kind] >= 50
+        print(f"\ntarget at {max(args.sizes)}: approximate index with recall@10 >= 0.95 and >= 50x faster than exact (batch 1): "
               f"{kind} {best[kind]:.1f}x -> {'met' if ok else 'NOT met'}")
         return 0 if ok else 1
     print("\ntarget: no approximate index reached recall@10 >= 0.95 at the largest size -> NOT met")

@@ -1,19 +1,31 @@
-"""Service benchmark, one run: end-to-end latency (p50/p99) and throughput at concurrency 1 and 32
-for plain search, search with a consistency report (3 paraphrases) and a cache hit, plus the
-throughput ratio with micro-batching on vs off at concurrency 32. Two real servers on loopback (the
-starter bundle over the demo gallery), one with batching and one without, driven side by side.
+"""Service benchmark, one run, two parts.
 
-Queries are real COCO captions; each request uses a caption not sent before (no cache help), and
-the consistency paraphrases are other human captions of the same photo. Load generator and server
-share this machine's cores, so absolute numbers are conservative.
+Demo (the 76-photo gallery, the embedded default): end-to-end latency (p50/p99) and throughput at
+concurrency 1 and 32 for plain search, search with a consistency report (3 paraphrases) and a cache
+hit, plus the throughput ratio with batching on vs off at concurrency 32.
 
-    python -m loadtests.bench_service [--seconds 8] [--data ../shared/data]
+Scale (``--sizes``, default 76, 100K and 1M images; ``--bundles`` starter and ViT-B-32 with random
+weights): for every bundle x index size, servers with int8 and fp32 text towers and with batching on
+and off, driven at concurrency 1, 8 and 32. Each row prints p50, p99, requests/s and the ratio to the
+ceiling measured in the same run: the encoder and the index share the cores, so the ceiling is
+1 / (1/E + 1/I), E the encoder's texts/s at batch 32 and I the index's queries/s at batch 64 (both
+on all cores, in-process, before any server starts). 76 images: the demo gallery embedded by the
+bundle's image tower, exact; 100K: the synthetic mix of bench_index, exact; 1M: IVF-PQ with refine,
+tuned with --target-recall 0.95 on caption-like queries (bench_index's).
+
+Queries are real COCO captions, each request a caption not sent before (no cache help), sent with
+``"expansion": {"method": "none"}`` in the scale part so each request is one text and one search.
+Load generator and servers share this machine's cores, so absolute numbers are conservative.
+
+    python -m loadtests.bench_service [--seconds 8] [--scale-seconds 5] [--sizes 76 100000 1000000]
+        [--bundles starter vit-b-32] [--work DIR] [--skip-demo] [--skip-scale] [--data ../shared/data]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import statistics
 import subprocess
@@ -22,7 +34,9 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
+from core.encoder import Encoder
 from core.settings import Settings
 from loadtests.queries import caption_groups
 from loadtests.server import start_server
@@ -65,16 +79,8 @@ async def drive(url: str, make_body, concurrency: int, seconds: float) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=8.0, help="duration of each measurement")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--home", type=Path, default=None, help="PARASEEK_HOME with the embedded default (built if missing)")
-    args = p.parse_args(argv)
-
-    home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
-    ensure_embedded_default(Settings(home=home))
-    groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
+def demo_section(args, home: Path, groups: list[list[str]]) -> bool:
+    """The embedded default over the demo gallery; True when every check is met and nothing failed."""
     servers = {}
     try:
         for name, batching in (("batching", "true"), ("no-batching", "false")):
@@ -109,7 +115,7 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    print(f"\nservice benchmark (starter bundle, demo gallery, {args.seconds:.0f} s per row, loopback)")
+    print(f"\nservice benchmark, demo: the embedded default over the demo gallery, {args.seconds:.0f} s per row, loopback")
     print(f"{'scenario':15} {'conc':>4} {'requests':>8} {'fail':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
     for label, conc, r in rows:
         print(f"{label:15} {conc:>4} {r['n']:>8} {r['failures']:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:8.1f}")
@@ -128,7 +134,211 @@ def main(argv=None) -> int:
     for text, value, ok in checks:
         print(f"{text}: {value:.2f} -> {'met' if ok else 'NOT met'}")
     failures = sum(r["failures"] for _, _, r in rows) + off["failures"]
-    return 0 if all(ok for _, _, ok in checks) and failures == 0 else 1
+    return all(ok for _, _, ok in checks) and failures == 0
+
+
+
+# -- scale ----------------------------------------------------------------------------------------
+def prepare_bundle(name: str, home: Path, work: Path) -> Path:
+    """starter: the embedded default's bundle (the robust starter); vit-b-32: open_clip ViT-B-32 with
+    random weights, both towers, with an int8 text tower."""
+    if name == "starter":
+        return Settings(home=home).bundle_dir
+    out = work / "bundles" / "vit-b-32-random"
+    if not (out / "manifest.json").is_file():
+        from core.demo import demo_captions
+        from training.export.openclip import export_open_clip  # torch, only to build the bundle once
+        from training.export.quantize import quantize_text_tower
+
+        export_open_clip("ViT-B-32", out, name="vit-b-32-random")
+        quantize_text_tower(out, demo_captions())
+    return out
+
+
+def synthetic_space(dim: int, data: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """bench_index's image centres and caption-like queries, carried into ``dim`` dimensions by a
+    random orthogonal map when the bundle's space is not 512-d (distances are kept)."""
+    from loadtests.bench_index import synthetic_queries
+
+    feats = np.load(data / "clip-vitb16-coco500" / "features_clip.npy")
+    centres, queries = feats[0].astype(np.float32), synthetic_queries(feats[1].astype(np.float32), seed)
+    if dim != centres.shape[1]:
+        q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((centres.shape[1], dim)))
+        centres, queries = centres @ q.astype(np.float32), queries @ q.astype(np.float32)
+        centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return centres, np.ascontiguousarray(queries, np.float32)
+
+
+def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
+    """A snapshot root for this bundle and size, built once and reused by later runs."""
+    from core.bundle import read_manifest
+    from index.builder import build_snapshot, build_snapshot_from_vectors
+    from index.demo import build_demo_snapshot
+    from index.faiss_index import IndexSpec
+    from loadtests.bench_index import synthetic_collection
+
+    manifest = read_manifest(bundle, verify=False)
+    root = work / "snapshots" / f"{manifest.name}-{size}"
+    if (root / "current").is_file():
+        return root
+    if size <= 1000:
+        encoder = Encoder(bundle)
+        if size == 76:
+            build_demo_snapshot(encoder, root, progress=False)
+        else:
+            build_snapshot(data / "coco-mini" / "captions_val2017.json", encoder, root, progress=False)
+        return root
+    centres, queries = synthetic_space(manifest.embedding_dim, data)
+    vectors = synthetic_collection(centres, size, np.random.default_rng(size))
+    shard = work / f"vectors-{manifest.embedding_dim}-{size}.npy"
+    np.save(shard, vectors)
+    del vectors
+    # exact up to 200K (bench_index: flat is fine there); IVF-PQ with refine beyond, tuned for recall 0.95
+    spec = IndexSpec(type="flat") if size <= 200_000 else IndexSpec(type="ivf_pq", nlist=int(4 * np.sqrt(size)))
+    build_snapshot_from_vectors(shard, root, image_space=manifest.image_space, bundle_name=manifest.name,
+                                bundle_version=manifest.version, spec=spec, target_recall=None if spec.exact else 0.95,
+                                queries=queries, progress=False)
+    shard.unlink()
+    return root
+
+
+def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
+    """(median seconds per call, items per second) of ``fn`` called repeatedly for ``budget_s``."""
+    fn()  # warm-up
+    times: list[float] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < budget_s or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return med, items / med
+
+
+def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of) -> dict:
+    """E (texts/s at batch 32) and batch-1 ms per precision; I (queries/s at batch 64) and batch-1 ms
+    of the index, all cores, in this process."""
+    from index.faiss_index import set_threads
+    from index.snapshot import Snapshot
+
+    out: dict = {}
+    for precision in ("fp32", "int8"):
+        enc = Encoder(bundle, precision=precision, load_image=False)
+        b1, _ = _median_rate(lambda enc=enc: enc.encode_text(texts[:1], batch_size=1), 1)
+        _, e = _median_rate(lambda enc=enc: enc.encode_text(texts[:32], batch_size=32), 32)
+        out[precision] = {"E": e, "enc_b1_ms": b1 * 1000}
+    snap = Snapshot.load(snapshot_root, verify=False)
+    q = queries_of(snap.manifest.dim)
+    set_threads(1)  # batch 1 as the server runs it (PARASEEK_FAISS_THREADS=1)
+    i1, _ = _median_rate(lambda: snap.search_ids(q[:1], 10), 1)
+    set_threads(os.cpu_count())
+    _, i = _median_rate(lambda: snap.search_ids(q[:64], 10), 64)
+    set_threads(1)
+    # one request's compute as the service does it: encode one text, then search its vector. Run
+    # back to back, each evicts the other's data from the caches, so this is slower than the sum above
+    enc = Encoder(bundle, precision="int8", load_image=False)
+    step = iter(range(10**9))
+    floor, _ = _median_rate(lambda: snap.search_ids(enc.encode_text([texts[next(step) % len(texts)]], batch_size=1), 10), 1)
+    out["index"] = {"I": i, "index_b1_ms": i1 * 1000, "recall_at_10": snap.manifest.recall_at_10,
+                    "type": snap.manifest.index.type, "request_floor_ms": floor * 1000}
+    return out
+
+
+def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
+    work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    texts = [g[0] for g in groups[:64]]
+    counter = iter(range(10**9))
+
+    def queries_of(dim: int) -> np.ndarray:
+        return synthetic_space(dim, args.data)[1]
+
+    def plain(i: int) -> dict:
+        g = groups[i % len(groups)]
+        return {"query": f"{g[0]} ({i})", "k": 10, "expansion": {"method": "none"}}
+
+    print(f"\nservice benchmark, scale: {args.scale_seconds:.0f} s per row, loopback; ratio = req/s over the ceiling "
+          f"1/(1/E + 1/I) of the same precision", flush=True)
+    print(f"{'bundle':18} {'images':>8} {'index':8} {'prec':5} {'batch':5} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'req/s':>7} {'ceiling':>7} {'ratio':>6} {'fail':>4}", flush=True)
+    results = []
+    for bundle_name in args.bundles:
+        bundle = prepare_bundle(bundle_name, home, work)
+        for size in args.sizes:
+            root = prepare_snapshot(bundle, size, work, args.data)
+            c = ceilings(bundle, root, texts, queries_of)
+            ix = c["index"]
+            print(f"# {bundle_name} {size}: E fp32 {c['fp32']['E']:.0f}/s int8 {c['int8']['E']:.0f}/s; "
+                  f"encoder b1 fp32 {c['fp32']['enc_b1_ms']:.2f} ms int8 {c['int8']['enc_b1_ms']:.2f} ms; "
+                  f"index {ix['type']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; int8 encode+search back to back "
+                  f"{ix['request_floor_ms']:.2f} ms"
+                  + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
+            for precision, batching in (("int8", True), ("fp32", True), ("int8", False)):
+                ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])
+                proc, url = start_server({"PARASEEK_HOME": str(home), "PARASEEK_LOG_JSON": "false",
+                                          "PARASEEK_BUNDLE": str(bundle), "PARASEEK_SNAPSHOT": str(root),
+                                          "PARASEEK_PRECISION": precision, "PARASEEK_BATCHING": str(batching).lower(),
+                                          "PARASEEK_LRU_SIZE": "0"}, timeout=300)
+                try:
+                    for conc in args.concurrency:
+                        offset = next(counter) * 1_000_000
+                        r = asyncio.run(drive(url, lambda i, o=offset: plain(i + o), conc, args.scale_seconds))
+                        row = {"bundle": bundle_name, "size": size, "index": ix["type"], "precision": precision,
+                               "batching": batching, "conc": conc, **r, "ceiling": ceiling, "ratio": r["qps"] / ceiling,
+                               "budget_ms": c[precision]["enc_b1_ms"] + ix["index_b1_ms"] + 3,
+                               "floor_ms": ix["request_floor_ms"]}
+                        results.append(row)
+                        print(f"{bundle_name:18} {size:>8} {ix['type']:8} {precision:5} {'on' if batching else 'off':5} "
+                              f"{conc:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:7.1f} {ceiling:7.1f} "
+                              f"{r['qps'] / ceiling:6.2f} {r['failures']:>4}", flush=True)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(20)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+
+    print()
+    ok = True
+    for row in results:
+        if row["size"] == 100_000 and row["batching"] and row["conc"] == 32:
+            met = row["ratio"] >= 0.8
+            ok &= met
+            print(f"{row['bundle']} {row['precision']} 100K, concurrency 32: throughput / ceiling {row['ratio']:.2f} "
+                  f"(target >= 0.80) -> {'met' if met else 'NOT met'}")
+        if row["size"] == 100_000 and row["batching"] and row["conc"] == 1:
+            met = row["p50"] <= row["budget_ms"]
+            ok &= met
+            print(f"{row['bundle']} {row['precision']} 100K, concurrency 1: p50 {row['p50']:.2f} ms vs encoder b1 + index b1 "
+                  f"+ 3 ms = {row['budget_ms']:.2f} ms -> {'met' if met else 'NOT met'} (int8 encode+search back to back "
+                  f"+ 3 ms = {row['floor_ms'] + 3:.2f} ms)")
+    return ok and all(row["failures"] == 0 for row in results)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=8.0, help="duration of each demo measurement")
+    p.add_argument("--scale-seconds", type=float, default=5.0, help="duration of each scale measurement")
+    p.add_argument("--sizes", type=int, nargs="+", default=[76, 100_000, 1_000_000])
+    p.add_argument("--bundles", nargs="+", default=["starter", "vit-b-32"], choices=["starter", "vit-b-32"])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--work", type=Path, default=None, help="where scale bundles and snapshots are built (reused)")
+    p.add_argument("--skip-demo", action="store_true")
+    p.add_argument("--skip-scale", action="store_true")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--home", type=Path, default=None, help="PARASEEK_HOME with the embedded default (built if missing)")
+    args = p.parse_args(argv)
+
+    home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
+    ensure_embedded_default(Settings(home=home))
+    groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
+    ok = True
+    if not args.skip_demo:
+        ok &= demo_section(args, home, groups)
+    if not args.skip_scale:
+        ok &= scale_section(args, home, groups)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import hashlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from core.memory import limit_malloc_arenas, release_free_memory
 from core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
 from core.rank_metrics import average_overlap, jaccard_at_k
 from core.settings import Settings
+from index.faiss_index import set_threads
 from index.snapshot import Snapshot, SnapshotError, clean_stale_staging, current_version
 from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
@@ -137,7 +139,7 @@ class SearchEngine:
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
-            search_rows(_search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
+            search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
             enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
         )
         self._sources: dict[str, ParaphraseSource] = {}
@@ -251,6 +253,15 @@ class SearchEngine:
         except Exception as exc:  # a source's own failure: logged in full, reported as upstream, never a 500
             log.exception("paraphrase source %s failed", method)
             raise RequestError(field, f"{method} failed: {type(exc).__name__}: {exc}", status=502) from exc
+
+    # -- index -----------------------------------------------------------------------------------
+    def _search_snapshot(self, snapshot: Snapshot, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One merged index search, on the index batcher's thread. OpenMP's thread count is a per-thread
+        setting, so it is set here, where faiss runs: PARASEEK_FAISS_THREADS (1: fastest for a single
+        query) for one row, PARASEEK_FAISS_BATCH_THREADS (default every core) for merged rows."""
+        single = len(queries) == 1
+        set_threads(self.settings.faiss_threads if single else self.settings.faiss_batch_threads or os.cpu_count())
+        return snapshot.search_ids(queries, k)
 
     # -- embeddings ----------------------------------------------------------------------------
     @staticmethod
@@ -573,10 +584,6 @@ class SearchEngine:
                                  paraphrases=reports, mean_ao=mean_ao,
                                  mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
                                  threshold=threshold)
-
-
-def _search_snapshot(snapshot: Snapshot, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    return snapshot.search_ids(queries, k)
 
 
 # the caption bank's nearest captions, merged across requests like index searches: (rows, similarities)

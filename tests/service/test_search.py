@@ -485,3 +485,31 @@ def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
     assert {"200", "400", "413", "422", "502", "503"} <= set(search)
     admin = schema["paths"]["/v1/admin/reindex"]["post"]["responses"]
     assert {"202", "401", "403", "404", "422"} <= set(admin)
+
+
+def test_merged_index_searches_answer_each_request_as_if_alone(make_settings, direct):
+    """Concurrent requests of different k (and offsets, and image queries) share index calls; each
+    still gets exactly its own top k."""
+    from service.main import create_app
+
+    app = create_app(make_settings(lru_size=0, max_wait_ms=20))
+    engine = app.state.engine
+    queries = [("a plate of food", 1), ("a red bus", 5), ("two dogs in the snow", 20), ("a kitchen", 3),
+               ("people on a beach", 12), ("a cat on a sofa", 7)] * 2
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                return await asyncio.gather(*(c.post("/v1/search", json={"query": q, "k": k, "expansion": {"method": "none"}})
+                                              for q, k in queries))
+
+    responses = asyncio.run(go())
+    enc, snap = direct
+    for (q, k), r in zip(queries, responses):
+        assert r.status_code == 200
+        _, ids = snap.search_ids(enc.encode_text([q]), k)
+        assert [x["id"] for x in r.json()["results"]] == ids[0].tolist()
+    searches = {s.name.rsplit("_", 1)[1]: s.value for m in engine.metrics.index_batch_size.collect() for s in m.samples
+                if s.name.endswith(("_count", "_sum"))}
+    assert searches["count"] < len(queries)  # some of them did share a call
