@@ -6,6 +6,15 @@ runtime, tokenizer, settings), ``paraphrase`` (paraphrase sources), ``index`` (F
 ``evaluation`` (metrics harness), ``service`` (HTTP) and ``training`` (torch), ``loadtests``.
 """
 
-from core import __version__
+import os
+
+# Before anything loads OpenMP (faiss does, on import): idle OpenMP threads sleep instead of spinning.
+# The service runs the encoder (onnxruntime's own threads) and faiss side by side on the same cores,
+# and spinning faiss threads then take the cores the encoder needs: on 2 cores, ViT-B-32 int8 over
+# 100K exact, 111-114 requests/s at concurrency 32 with spinning, 140 with PASSIVE. A value the user
+# set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from core import __version__  # noqa: E402  (after the environment above)
 
 __all__ = ["__version__"]
