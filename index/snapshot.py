@@ -280,7 +280,10 @@ class Snapshot:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if queries.shape[1] != self.manifest.dim:
             raise SnapshotError(f"query dim {queries.shape[1]} != snapshot dim {self.manifest.dim}")
-        return search(self.index, self.manifest.index, queries, min(int(k), len(self.ids)), self.exact_vectors())
+        spec = self.manifest.index
+        # the id -> row map is built on first use, and only indexes that refine need it for searching
+        exact = self.exact_vectors() if (spec.refine_factor or 1) > 1 and not spec.exact else None
+        return search(self.index, spec, queries, min(int(k), len(self.ids)), exact)
 
     def search(self, queries: np.ndarray, k: int) -> list[list[SearchHit]]:
         scores, ids = self.search_ids(queries, k)
