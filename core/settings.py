@@ -37,8 +37,22 @@ class Settings(BaseSettings):
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
     faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
     faiss_batch_threads: int | None = Field(None, ge=1, description="threads of merged searches of 2+ rows (default: every core)")
-    snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the snapshot root's `current` changes "
-                                   "(replicas sharing a volume pick up another replica's reindex)")
+    snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the current version changes (the snapshot "
+                                   "root's `current`, or the Milvus alias): replicas pick up another replica's reindex")
+
+    # index backend: faiss (snapshots in a folder, the embedded default) or milvus (one collection per version)
+    index_backend: Literal["faiss", "milvus"] = "faiss"
+    milvus_uri: str | None = Field(None, description="a .db path (Milvus Lite, in-process) or http(s)://host:19530 "
+                                   "(default: Milvus Lite at HOME/milvus/paraseek.db)")
+    milvus_token: SecretStr | None = Field(None, description="user:password or an API key")
+    milvus_collection: str = Field("paraseek", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,120}$",
+                                   description="collection prefix: versions are PREFIX_v0001_..., the serving alias PREFIX")
+    milvus_index_type: str | None = Field(None, pattern=r"^[A-Z][A-Z0-9_]{1,31}$", description="a Milvus index type "
+                                          "(e.g. DISKANN, IVF_SQ8) instead of the one mapped from the build's type")
+    milvus_index_params: str | None = Field(None, description="JSON build params of PARASEEK_MILVUS_INDEX_TYPE")
+    milvus_search_params: str | None = Field(None, description="JSON search params (e.g. {\"nprobe\": 32}); default: "
+                                             "those of the build's index spec")
+    milvus_timeout_s: float = Field(10.0, gt=0, description="per Milvus call; past it the request is answered 503")
 
     # micro-batching of concurrent requests' texts into one encoder call
     batching: bool = True
@@ -118,6 +132,10 @@ class Settings(BaseSettings):
     @property
     def snapshot_root(self) -> Path:
         return self.snapshot or self.home / "snapshots" / "demo"
+
+    @property
+    def milvus_location(self) -> str:
+        return self.milvus_uri or str(self.home / "milvus" / "paraseek.db")
 
     @property
     def jobs_path(self) -> Path:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -22,9 +23,11 @@ from core.errors import UserError
 from core.images import ImageDecodeError, decode_image
 from core.rank_metrics import overlap_recall
 from index.faiss_index import ExactVectors, IndexSpec, create_index, exact_search, search, train_and_add, tune_for_recall
+from index.filters import user_field_names
 from index.image_sources import ImageRecord, ImageSource, open_source, read_member
 from index.snapshot import (
     BundleRef,
+    FaissStore,
     Snapshot,
     SnapshotError,
     SnapshotManifest,
@@ -32,8 +35,8 @@ from index.snapshot import (
     new_version_name,
     publish,
     staging_dir,
-    write_snapshot_files,
 )
+from index.store import SnapshotStore
 from index.vector_sources import VectorSource, iter_shards, open_vector_source
 
 log = logging.getLogger(__name__)
@@ -46,10 +49,16 @@ class BuildError(UserError):
 
 @dataclass
 class BuildResult:
-    version_dir: Path
+    location: str  # the version folder (faiss) or collection (milvus)
     manifest: SnapshotManifest
     skipped: list[dict] = field(default_factory=list)
     images_per_second: float = 0.0
+    report: dict = field(default_factory=dict)
+
+    @property
+    def version_dir(self) -> Path:
+        """The version's folder (FAISS snapshots)."""
+        return Path(self.location)
 
 
 def _decode(encoder: Encoder, root: Path, record: ImageRecord):
@@ -167,8 +176,6 @@ def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray,
 class VersionDraft:
     """Everything a new snapshot version is made of, before its index is built and it is published."""
 
-    root: Path
-    stage: Path
     version: str
     vectors: np.ndarray
     ids: np.ndarray
@@ -177,41 +184,45 @@ class VersionDraft:
     report: dict
     parent: str | None = None
 
+    def manifest(self, ref: BundleRef, spec: IndexSpec, recall: float | None, n_queries: int, tuning: dict | None,
+                 backend: str, location: dict | None = None, user_fields: list[str] | None = None) -> SnapshotManifest:
+        return SnapshotManifest(
+            version=self.version, created_at=datetime.now(timezone.utc).isoformat(), parent=self.parent,
+            bundle=ref, image_space=ref.image_space, count=len(self.ids), dim=int(self.vectors.shape[1]), index=spec,
+            recall_at_10=recall, recall_queries=n_queries, tuning=tuning, source=self.provenance, backend=backend,
+            location=location or {},
+            user_fields=sorted(user_field_names(self.metadata)) if user_fields is None else user_fields,
+        )
+
 
 def bundle_ref(encoder: Encoder) -> BundleRef:
     return BundleRef(name=encoder.name, version=encoder.version, image_space=encoder.image_space)
 
 
-def _manifest(draft: VersionDraft, ref: BundleRef, dim: int, spec: IndexSpec, recall: float | None,
-              n_queries: int, tuning: dict | None = None) -> SnapshotManifest:
-    return SnapshotManifest(
-        version=draft.version, created_at=datetime.now(timezone.utc).isoformat(), parent=draft.parent,
-        bundle=ref, image_space=ref.image_space, count=len(draft.ids), dim=dim, index=spec,
-        recall_at_10=recall, recall_queries=n_queries, tuning=tuning, source=draft.provenance,
-    )
+def build_faiss_index(spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray) -> tuple[IndexSpec, faiss.Index]:
+    spec = spec.resolved(len(ids), vectors.shape[1])
+    return spec, train_and_add(create_index(spec, vectors.shape[1]), vectors, ids)
 
 
-def _finish(draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
-            activate: bool = True, target_recall: float | None = None) -> tuple[Path, SnapshotManifest]:
-    """Build the index (unless given), measure its recall, write and publish the version."""
-    d = draft
-    if len(np.unique(d.ids)) != len(d.ids):
+def as_store(out: str | Path | SnapshotStore) -> SnapshotStore:
+    """A snapshot root folder means the FAISS backend."""
+    return out if isinstance(out, SnapshotStore) else FaissStore(Path(out))
+
+
+def _finish(store: SnapshotStore, draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
+            activate: bool = True, target_recall: float | None = None) -> tuple[str, SnapshotManifest]:
+    """Build the index (unless given), measure its recall on caption queries, write and publish the version."""
+    if len(np.unique(draft.ids)) != len(draft.ids):
         raise BuildError("duplicate image ids in the source (two images with the same id or path)")
-    if index is None:
-        spec = spec.resolved(len(d.ids), encoder.dim)
-        index = train_and_add(create_index(spec, encoder.dim), d.vectors, d.ids)
-    queries, source = _recall_queries(encoder, d.metadata, d.vectors)
-    spec, recall, n_queries, tuning = measure_recall(index, spec, d.vectors, d.ids, queries, target_recall=target_recall,
-                                                     query_source=source)
-    write_snapshot_files(d.stage, index, d.ids, d.vectors, d.metadata, d.report)
-    manifest = _manifest(d, bundle_ref(encoder), encoder.dim, spec, recall, n_queries, tuning)
-    return publish(d.root, d.stage, manifest, activate=activate)
+    queries, source = _recall_queries(encoder, draft.metadata, draft.vectors)
+    return store.write_version(draft, bundle_ref(encoder), spec, queries=queries, query_source=source, index=index,
+                               target_recall=target_recall, activate=activate)
 
 
 def build_snapshot(
     source: str | Path | ImageSource,
     encoder: Encoder,
-    out_root: str | Path,
+    out_root: str | Path | SnapshotStore,
     *,
     spec: IndexSpec | None = None,
     image_root: str | Path | None = None,
@@ -224,46 +235,40 @@ def build_snapshot(
 ) -> BuildResult:
     """Index a whole source into a new snapshot version and publish it as ``current``.
 
+    ``out_root``: a snapshot root folder (FAISS) or any ``SnapshotStore`` (e.g. Milvus).
     ``target_recall`` (e.g. 0.95): tune the approximate index's search setting to reach that
     recall@10 on caption queries, and record the setting and its held-out recall in the manifest.
 
-    With ``activate=False`` the version is written but ``current`` is left alone: the caller validates
-    it and then calls ``index.snapshot.activate``."""
+    With ``activate=False`` the version is written but not made current: the caller validates it and
+    then calls the store's ``activate``."""
     if not encoder.has_image_tower:
         raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
     src = source if isinstance(source, ImageSource) else open_source(source, image_root)
-    root = Path(out_root)
-    root.mkdir(parents=True, exist_ok=True)
-    clean_stale_staging(root)
-    version = new_version_name(root)
-    stage = staging_dir(root, version)
-    try:
-        start = time.perf_counter()
-        vectors, kept, sizes, skipped = embed_records(
-            encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress,
-            on_progress=on_progress,
-        )
-        seconds = time.perf_counter() - start
-        skipped = src.rejected + skipped
-        if not kept:
-            raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
-        ids = np.array([r.id for r in kept], dtype=np.int64)
-        report = {
-            "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
-            "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
-        }
-        provenance = {"kind": src.kind, "root": str(src.root.resolve()),
-                       "annotations": str(src.annotations.resolve()) if src.annotations else None}
-        draft = VersionDraft(root, stage, version, vectors, ids, _metadata(kept, sizes), provenance, report)
-        final, manifest = _finish(draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
-        raise
-    return BuildResult(final, manifest, skipped, len(kept) / max(seconds, 1e-9))
+    store = as_store(out_root)
+    store.clean_stale()
+    start = time.perf_counter()
+    vectors, kept, sizes, skipped = embed_records(
+        encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress,
+        on_progress=on_progress,
+    )
+    seconds = time.perf_counter() - start
+    skipped = src.rejected + skipped
+    if not kept:
+        raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
+    ids = np.array([r.id for r in kept], dtype=np.int64)
+    report = {
+        "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
+        "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
+    }
+    provenance = {"kind": src.kind, "root": str(src.root.resolve()),
+                  "annotations": str(src.annotations.resolve()) if src.annotations else None}
+    draft = VersionDraft(store.new_version_name(), vectors, ids, _metadata(kept, sizes), provenance, report)
+    where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
+    return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
 
 
 def update_snapshot(
-    root: str | Path,
+    root: str | Path | SnapshotStore,
     encoder: Encoder,
     *,
     add: str | Path | ImageSource | None = None,
@@ -274,16 +279,19 @@ def update_snapshot(
 ) -> BuildResult:
     """New version = current +/- images, without re-encoding the images already indexed.
 
-    Flat and HNSW take new vectors as they are. IVF indexes keep their trained quantiser unless
-    ``retrain``. Removal rebuilds the index structure from the stored vectors (HNSW graphs cannot
-    delete), still without re-encoding.
+    FAISS: flat and HNSW take new vectors as they are; IVF indexes keep their trained quantiser unless
+    ``retrain``; removal rebuilds the index structure from the stored vectors (HNSW graphs cannot
+    delete), still without re-encoding. Milvus: the new version's collection is filled from the
+    current one's stored vectors plus the new images, and indexed by Milvus.
     """
-    root = Path(root)
-    base = Snapshot.load(root, image_space=encoder.image_space)
+    store = as_store(root)
+    base = store.load(image_space=encoder.image_space)
     m = base.manifest
-    vectors = np.asarray(base.vectors())
-    ids = base.ids.copy()
-    metadata = [base.metadata[int(i)] for i in ids]
+    parts = list(base.iter_contents())
+    vectors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m.dim), np.float32)
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    metadata = [row for p in parts for row in p[2]]
+    del parts
     skipped: list[dict] = []
     added = 0
     if remove:
@@ -310,32 +318,60 @@ def update_snapshot(
         raise BuildError("the update would leave the snapshot empty")
 
     spec = m.index
-    index: faiss.Index | None = faiss.read_index(str(base.path / "index.faiss"))
-    if remove:
-        if spec.type == "hnsw":
-            index = None  # HNSW graphs cannot delete: rebuild from the stored vectors
-        elif index is not None:
-            index.remove_ids(np.asarray(list(remove), dtype=np.int64))  # type: ignore[arg-type]  # SWIG takes arrays
+    index: faiss.Index | None = None
+    if isinstance(base, Snapshot):  # FAISS: reuse the trained index rather than rebuild it
+        index = faiss.read_index(str(base.path / "index.faiss"))
+        if remove:
+            if spec.type == "hnsw":
+                index = None  # HNSW graphs cannot delete: rebuild from the stored vectors
+            else:
+                index.remove_ids(np.asarray(list(remove), dtype=np.int64))  # type: ignore[arg-type]  # SWIG takes arrays
+        if index is not None and added:
+            index.add_with_ids(np.ascontiguousarray(vectors[-added:], np.float32), ids[-added:])
     if retrain:
         index, spec = None, spec.model_copy(update={"nlist": None, "pq_m": None})
-    if index is not None and added:
-        index.add_with_ids(np.ascontiguousarray(vectors[-added:], np.float32), ids[-added:])
-    version = new_version_name(root)
-    stage = staging_dir(root, version)
+    base.close()
     report = {"parent": m.version, "added": added, "removed": len(remove), "skipped": skipped,
               "retrained": retrain, "index_rebuilt": index is None}
-    try:
-        draft = VersionDraft(root, stage, version, vectors, ids, metadata, m.source, report, parent=m.version)
-        final, manifest = _finish(draft, encoder, spec, index=index)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return BuildResult(final, manifest, skipped)
+    draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, m.source, report, parent=m.version)
+    where, manifest = _finish(store, draft, encoder, spec, index=index)
+    return BuildResult(where, manifest, skipped, report=report)
+
+
+def _read_vector_shards(src: VectorSource, vectors: np.ndarray, ids: np.ndarray, meta_out, normalize: bool,
+                        progress: bool) -> None:
+    """Stream every shard into ``vectors``/``ids`` (memory maps) and its metadata rows to ``meta_out``."""
+    seen: dict[int, str] = {}
+    position = 0
+    with tqdm(total=src.count, desc="reading vectors", unit="vec", disable=not progress) as bar:
+        for shard, shard_vectors, shard_ids, rows in iter_shards(src, normalize):
+            for row, image_id in enumerate(shard_ids.tolist()):
+                if image_id in seen:
+                    raise BuildError(f"shard {shard.vectors.name} row {row}: id {image_id} already used in {seen[image_id]}")
+                seen[image_id] = f"shard {shard.vectors.name} row {row}"
+            end = position + len(shard_ids)
+            vectors[position:end] = shard_vectors
+            ids[position:end] = shard_ids
+            for row_meta in rows:
+                meta_out(row_meta)
+            position = end
+            bar.update(len(shard_ids))
+
+
+def _vector_queries(queries: np.ndarray | None, vectors: np.ndarray, dim: int, rng) -> tuple[np.ndarray, str]:
+    if queries is not None:
+        queries = np.asarray(queries, np.float32)
+        if queries.ndim != 2 or queries.shape[1] != dim:
+            raise BuildError(f"query vectors have shape {queries.shape}, the collection's dimension is {dim}")
+        return queries, "the query vectors given"
+    count = len(vectors)
+    sample = np.asarray(vectors[np.sort(rng.choice(count, size=min(RECALL_QUERIES, count), replace=False))])
+    return sample, "a sample of the indexed vectors (give text-query vectors for the recall text queries see)"
 
 
 def build_snapshot_from_vectors(
     source: str | Path | VectorSource,
-    out_root: str | Path,
+    out_root: str | Path | SnapshotStore,
     *,
     image_space: str,
     bundle_name: str = "precomputed",
@@ -356,7 +392,8 @@ def build_snapshot_from_vectors(
     search the snapshot, any other is refused. Shards are streamed: vectors go to the version's
     ``vectors.npy`` on disk one shard at a time, IVF/PQ quantisers train on a random sample of
     ``train_sample`` rows, and the index takes the vectors back in chunks, so memory holds one shard,
-    the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit).
+    the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit). Into another
+    store (Milvus) the vectors stream through a temporary memory map into the store's own writer.
 
     ``queries``: sample text-query embeddings (by the text tower aligned to these vectors) that recall
     is measured, and with ``target_recall`` tuned, on; without them a sample of the vectors stands in.
@@ -364,7 +401,13 @@ def build_snapshot_from_vectors(
     src = source if isinstance(source, VectorSource) else open_vector_source(source, metadata)
     if not image_space.strip():
         raise BuildError("name the image space the vectors came from (--image-space, or --bundle with that image tower)")
-    root = Path(out_root)
+    store = as_store(out_root)
+    ref = BundleRef(name=bundle_name, version=bundle_version, image_space=image_space)
+    provenance = {"kind": f"vectors:{src.kind}", "root": str(src.root.resolve()), "shards": [s.vectors.name for s in src.shards]}
+    if not isinstance(store, FaissStore):
+        return _vectors_into_store(src, store, ref, provenance, spec or IndexSpec(), normalize, progress, activate,
+                                   target_recall, queries)
+    root = store.root
     root.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(root)
     version = new_version_name(root)
@@ -375,24 +418,13 @@ def build_snapshot_from_vectors(
         spec = (spec or IndexSpec()).resolved(count, dim)
         vectors = np.lib.format.open_memmap(stage / "vectors.npy", mode="w+", dtype=np.float32, shape=(count, dim))
         ids = np.empty(count, np.int64)
-        seen: dict[int, str] = {}
-        position = 0
-        with open(stage / "metadata.jsonl", "w", encoding="utf-8") as meta, \
-                tqdm(total=count, desc="reading vectors", unit="vec", disable=not progress) as bar:
-            for shard, shard_vectors, shard_ids, rows in iter_shards(src, normalize):
-                for row, image_id in enumerate(shard_ids.tolist()):
-                    if image_id in seen:
-                        raise BuildError(f"shard {shard.vectors.name} row {row}: id {image_id} already used in {seen[image_id]}")
-                    seen[image_id] = f"shard {shard.vectors.name} row {row}"
-                end = position + len(shard_ids)
-                vectors[position:end] = shard_vectors
-                ids[position:end] = shard_ids
-                for row_meta in rows:
-                    meta.write(json.dumps(row_meta, ensure_ascii=False) + "\n")
-                position = end
-                bar.update(len(shard_ids))
+        names: set[str] = set()
+        with open(stage / "metadata.jsonl", "w", encoding="utf-8") as meta:
+            def write(row: dict) -> None:
+                names.update((row.get("fields") or {}).keys())
+                meta.write(json.dumps(row, ensure_ascii=False) + "\n")
+            _read_vector_shards(src, vectors, ids, write, normalize, progress)
         vectors.flush()
-        del seen
         index = create_index(spec, dim)
         rng = np.random.default_rng(0)
         if not index.is_trained:
@@ -404,14 +436,7 @@ def build_snapshot_from_vectors(
         for begin in tqdm(range(0, count, chunk), desc="indexing", unit="chunk", disable=not progress):
             index.add_with_ids(np.ascontiguousarray(vectors[begin:begin + chunk]), ids[begin:begin + chunk])
         seconds = time.perf_counter() - start
-        if queries is not None:
-            queries = np.asarray(queries, np.float32)
-            if queries.ndim != 2 or queries.shape[1] != dim:
-                raise BuildError(f"query vectors have shape {queries.shape}, the collection's dimension is {dim}")
-            query_source = "the query vectors given"
-        else:
-            queries = np.asarray(vectors[np.sort(rng.choice(count, size=min(RECALL_QUERIES, count), replace=False))])
-            query_source = "a sample of the indexed vectors (give text-query vectors for the recall text queries see)"
+        queries, query_source = _vector_queries(queries, vectors, dim, rng)
         spec, recall, n_queries, tuning = measure_recall(index, spec, vectors, ids, queries, target_recall=target_recall,
                                                          query_source=query_source)
         faiss.write_index(index, str(stage / "index.faiss"))
@@ -419,15 +444,34 @@ def build_snapshot_from_vectors(
         report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
                   "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1)}
         (stage / "report.json").write_text(json.dumps(report, indent=2))
-        provenance = {"kind": f"vectors:{src.kind}", "root": str(src.root.resolve()),
-                      "shards": [s.vectors.name for s in src.shards]}
-        draft = VersionDraft(root, stage, version, vectors, ids, [], provenance, report)
-        ref = BundleRef(name=bundle_name, version=bundle_version, image_space=image_space)
-        final, manifest = publish(root, stage, _manifest(draft, ref, dim, spec, recall, n_queries, tuning), activate=activate)
+        draft = VersionDraft(version, vectors, ids, [], provenance, report)  # the metadata is on disk already
+        manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="faiss", user_fields=sorted(names))
+        final, manifest = publish(root, stage, manifest, activate=activate)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
         raise
-    return BuildResult(final, manifest, [], count / max(seconds, 1e-9))
+    return BuildResult(str(final), manifest, [], count / max(seconds, 1e-9), report)
+
+
+def _vectors_into_store(src: VectorSource, store: SnapshotStore, ref: BundleRef, provenance: dict, spec: IndexSpec,
+                        normalize: bool, progress: bool, activate: bool, target_recall: float | None,
+                        queries: np.ndarray | None) -> BuildResult:
+    count, dim = src.count, src.dim
+    store.clean_stale()
+    with tempfile.TemporaryDirectory(prefix="paraseek-vectors-") as tmp:
+        start = time.perf_counter()
+        vectors = np.lib.format.open_memmap(Path(tmp) / "vectors.npy", mode="w+", dtype=np.float32, shape=(count, dim))
+        ids = np.empty(count, np.int64)
+        rows: list[dict] = []
+        _read_vector_shards(src, vectors, ids, rows.append, normalize, progress)
+        seconds = time.perf_counter() - start
+        queries, query_source = _vector_queries(queries, vectors, dim, np.random.default_rng(0))
+        report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
+                  "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1)}
+        draft = VersionDraft(store.new_version_name(), vectors, ids, rows, provenance, report)
+        where, manifest = store.write_version(draft, ref, spec, queries=queries, query_source=query_source,
+                                              target_recall=target_recall, activate=activate)
+    return BuildResult(where, manifest, [], count / max(seconds, 1e-9), report)
 
 
 def export_snapshot_vectors(snapshot: str | Path, out: str | Path, *, shard_size: int = 1_000_000,

@@ -18,7 +18,9 @@ from core.errors import UserError
 from core.settings import Settings
 from index.builder import build_snapshot, build_snapshot_from_vectors, export_snapshot_vectors, update_snapshot
 from index.faiss_index import IndexSpec
+from index.filters import SearchFilter
 from index.snapshot import SearchHit, Snapshot, read_snapshot_manifest, resolve
+from index.store import SnapshotStore, store_from_settings
 
 app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
 
@@ -29,8 +31,30 @@ def load_encoder(bundle: Path | None, threads: int | None = None, precision: str
 
 
 def load_snapshot(root: Path | None, encoder: Encoder, threads: int | None = None) -> Snapshot:
-    """The given snapshot root, else the configured one (PARASEEK_SNAPSHOT, default: the demo)."""
+    """A FAISS snapshot: the given root, else the configured one (PARASEEK_SNAPSHOT, default: the demo)."""
     return Snapshot.load(root or Settings().snapshot_root, image_space=encoder.image_space, threads=threads)
+
+
+BACKEND_HELP = "faiss (snapshot folders) | milvus (collections); default: PARASEEK_INDEX_BACKEND, else faiss"
+URI_HELP = "Milvus URI: a .db file (Milvus Lite) or http://host:19530 (default: PARASEEK_MILVUS_URI, else Lite under PARASEEK_HOME)"
+COLLECTION_HELP = "Milvus collection prefix (default: PARASEEK_MILVUS_COLLECTION, else paraseek)"
+
+
+def open_cli_store(backend: str | None, root: Path | None, uri: str | None, collection: str | None) -> SnapshotStore:
+    """The store a command works on: --backend with --out/--snapshot (faiss) or --uri/--collection (milvus),
+    each defaulting to the settings."""
+    updates = {k: v for k, v in (("index_backend", backend), ("milvus_uri", uri), ("milvus_collection", collection)) if v}
+    try:
+        settings = Settings(**updates)
+    except ValidationError as exc:
+        raise UserError(f"--backend/--uri/--collection: {exc.errors()[0]['msg']}") from exc
+    if settings.index_backend == "faiss" and (uri or collection):
+        raise UserError("--uri and --collection go with --backend milvus")
+    if settings.index_backend == "milvus" and root is not None:
+        raise UserError("--out/--snapshot name a FAISS snapshot folder: with --backend milvus use --uri and --collection")
+    return store_from_settings(settings, root)
+
+
 
 
 def index_spec(index_type: str, params: str | None) -> IndexSpec:
@@ -69,6 +93,9 @@ def build_cmd(
     params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32, "ef_search": 64}\'.'),
     batch_size: int = typer.Option(32, min=1),
     workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
     target_recall: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Tune nprobe/efSearch/refine factor to "
                                                   "reach this recall@10 on text queries (captions of the images, or "
                                                   "--query-vectors), and record the setting and its held-out recall."),
@@ -87,7 +114,7 @@ def build_cmd(
             queries = np.load(query_vectors, mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise UserError(f"--query-vectors {query_vectors}: not a readable .npy file ({exc})") from exc
-    out = out or Settings().snapshot_root
+    store = open_cli_store(backend, out, uri, collection)
     if source is None:
         assert embeddings is not None  # exactly one of the two, checked above
         if image_space is None:
@@ -95,19 +122,19 @@ def build_cmd(
             image_space, name, version = manifest.image_space, manifest.name, manifest.version
         else:
             name, version = "precomputed", ""
-        result = build_snapshot_from_vectors(embeddings, out, image_space=image_space, bundle_name=name,
+        result = build_snapshot_from_vectors(embeddings, store, image_space=image_space, bundle_name=name,
                                              bundle_version=version, metadata=metadata, spec=spec, normalize=normalize,
                                              target_recall=target_recall, queries=queries)
         unit = "vectors"
     else:
         result = build_snapshot(
-            source, load_encoder(bundle), out, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
+            source, load_encoder(bundle), store, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
             target_recall=target_recall,
         )
         unit = "images"
     m = result.manifest
     console.print(
-        f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
+        f"published {m.version} ({store.describe()}): {m.count} {unit}, index {m.index.type}, "
         f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
     )
     if m.tuning is not None:
@@ -137,8 +164,11 @@ def export_cmd(
 @app.command("update")
 @user_errors
 def update_cmd(
-    root: Path = typer.Argument(..., help="Snapshot root."),
+    root: Optional[Path] = typer.Argument(None, help="Snapshot root (faiss; default: PARASEEK_SNAPSHOT)."),
     bundle: Optional[Path] = typer.Option(None),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
     add: Optional[Path] = typer.Option(None, help="Image folder or COCO JSON to add."),
     remove: List[int] = typer.Option([], help="Image id to remove (repeatable)."),
     retrain: bool = typer.Option(False, help="Re-train IVF quantisers on the new contents."),
@@ -146,15 +176,26 @@ def update_cmd(
     """Add/remove images: a new snapshot version, the old one untouched."""
     if add is None and not remove and not retrain:
         raise UserError("nothing to do: give --add, --remove or --retrain")
-    result = update_snapshot(root, load_encoder(bundle), add=add, remove=remove, retrain=retrain)
+    store = open_cli_store(backend, root, uri, collection)
+    result = update_snapshot(store, load_encoder(bundle), add=add, remove=remove, retrain=retrain)
     console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images")
 
 
 @app.command("info")
 @user_errors
-def info_cmd(root: Path = typer.Argument(None, help="Snapshot root or version directory.")):
-    """Print a snapshot's manifest."""
-    console.print_json(read_snapshot_manifest(resolve(root or Settings().snapshot_root)).model_dump_json())
+def info_cmd(
+    root: Optional[Path] = typer.Argument(None, help="Snapshot root or version directory (faiss)."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+    version: Optional[str] = typer.Option(None, help="A version other than the current one."),
+):
+    """Print a snapshot version's manifest (default: the current version)."""
+    if root is not None and (root / "manifest.json").is_file():  # a FAISS version folder
+        console.print_json(read_snapshot_manifest(resolve(root)).model_dump_json())
+        return
+    store = open_cli_store(backend, root, uri, collection)
+    console.print_json(store.manifest(version).model_dump_json())
 
 
 @app.command("search")
@@ -165,11 +206,27 @@ def search_cmd(
     bundle: Optional[Path] = typer.Option(None),
     k: int = typer.Option(5, "--k", "-k", min=1, max=1000, help="Results per query."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    filter_json: Optional[str] = typer.Option(None, "--filter", help='A metadata filter as JSON, e.g. \'{"licence": [1, 2]}\' '
+                                              "or '{\"caption_contains\": \"dog\", \"id_range\": {\"lt\": 500000}}'."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
 ):
     """Search a snapshot with text queries from the command line."""
+    flt = None
+    if filter_json is not None:
+        try:
+            flt = SearchFilter.model_validate_json(filter_json)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise UserError(f"--filter{' ' + where if where else ''}: {first['msg']}") from exc
     enc = load_encoder(bundle, threads=1)
-    snap = load_snapshot(root, enc, threads=1)
-    results = snap.search(enc.encode_text(queries), k)
+    snap = open_cli_store(backend, root, uri, collection).load(image_space=enc.image_space, threads=1)
+    scores, ids = snap.view(flt).search_ids(enc.encode_text(queries), k)
+    rows = snap.metadata_of([int(i) for i in ids.ravel() if i >= 0])
+    results = [[SearchHit(id=int(i), score=float(s), rank=r + 1, metadata=rows.get(int(i), {}))
+                for r, (s, i) in enumerate(zip(srow, irow)) if i >= 0] for srow, irow in zip(scores, ids)]
     if as_json:
         console.print_json(json.dumps([
             {"query": q, "results": [{"id": h.id, "score": h.score, "rank": h.rank, "path": h.metadata.get("path")} for h in hits]}

@@ -197,15 +197,58 @@ def use_blas_for(n_queries: int) -> None:
     faiss.cvar.distance_compute_blas_threshold = _BLAS_ON if n_queries >= BLAS_MIN_QUERIES else _BLAS_OFF
 
 
+def search_parameters(spec: IndexSpec, selector) -> faiss.SearchParameters:
+    """Per-call search parameters restricting a search to the ids ``selector`` accepts (IndexIDMap
+    translates it to its rows), with the spec's nprobe / efSearch."""
+    if spec.type == "hnsw":
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=spec.ef_search)
+    if spec.type in ("ivf_flat", "ivf_pq"):
+        return faiss.SearchParametersIVF(sel=selector, nprobe=spec.nprobe)
+    return faiss.SearchParameters(sel=selector)
+
+
 def search(index: faiss.Index, spec: IndexSpec, queries: np.ndarray, k: int,
-           exact: ExactVectors | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, ids) of the top k, through the refine stage when the spec asks for it."""
+           exact: ExactVectors | None = None, params: faiss.SearchParameters | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the top k, through the refine stage when the spec asks for it; ``params``
+    (``search_parameters``) restricts the search to a set of ids."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     use_blas_for(len(queries))
     if (spec.refine_factor or 1) <= 1 or exact is None or spec.exact:
-        return index.search(queries, k)
-    _, candidates = index.search(queries, min(k * (spec.refine_factor or 1), index.ntotal))
+        return index.search(queries, k, params=params)
+    _, candidates = index.search(queries, min(k * (spec.refine_factor or 1), index.ntotal), params=params)
     return exact.rerank(queries, candidates, k)
+
+
+def masked_exact_search(vectors: np.ndarray, ids: np.ndarray, rows: np.ndarray, queries: np.ndarray, k: int,
+                        chunk: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (scores, ids) top k among the rows ``rows`` (sorted row numbers) of ``vectors``; -1 pads.
+    A few matching rows are gathered and scanned; many are scanned in place, chunk by chunk, with the
+    others scored -inf (one matrix product per chunk either way, so the cost never exceeds a full scan)."""
+    q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+    kk = min(k, len(rows))
+    scores_out = np.full((len(q), k), -np.inf, np.float32)
+    ids_out = np.full((len(q), k), -1, np.int64)
+    if kk == 0:
+        return scores_out, ids_out
+    heap = faiss.ResultHeap(len(q), kk)  # keeps the smallest: scores go in negated
+    if len(rows) * 4 <= len(ids):
+        for begin in range(0, len(rows), chunk):
+            part = rows[begin:begin + chunk]
+            block = np.asarray(vectors[part], np.float32) @ q.T
+            heap.add_result(np.ascontiguousarray(-block.T), np.ascontiguousarray(np.broadcast_to(part, (len(q), len(part)))))
+    else:
+        keep = np.zeros(len(ids), bool)
+        keep[rows] = True
+        for begin in range(0, len(ids), chunk):
+            block = np.asarray(vectors[begin:begin + chunk], np.float32) @ q.T
+            block[~keep[begin:begin + chunk]] = -np.inf
+            heap.add_result(np.ascontiguousarray(-block.T), np.ascontiguousarray(
+                np.broadcast_to(np.arange(begin, begin + len(block)), (len(q), len(block)))))
+    heap.finalize()
+    found = heap.I >= 0
+    scores_out[:, :kk] = np.where(found, -heap.D, -np.inf)
+    ids_out[:, :kk] = np.where(found, ids[np.maximum(heap.I, 0)], -1)
+    return scores_out, ids_out
 
 
 # search-time settings tried by tune_for_recall, cheapest first within each family
@@ -227,10 +270,11 @@ def _candidates(spec: IndexSpec) -> list[list[IndexSpec]]:
     return []
 
 
-def tune_for_recall(index: faiss.Index, spec: IndexSpec, exact: ExactVectors, queries: np.ndarray,
-                    truth: np.ndarray, target: float, k: int = 10) -> tuple[IndexSpec, float, float]:
+def tune_setting(run, spec: IndexSpec, queries: np.ndarray, truth: np.ndarray, target: float,
+                 k: int = 10) -> tuple[IndexSpec, float, float]:
     """The fastest search setting (nprobe, efSearch, refine factor) whose recall@k on ``queries``
     (against ``truth``, exact top-k ids) reaches ``target``; else the most accurate one tried.
+    ``run(candidate_spec, queries, k)`` searches with a setting and returns the ids (any backend).
     -> (spec, its recall on these queries, milliseconds per query)."""
     import time
 
@@ -239,9 +283,8 @@ def tune_for_recall(index: faiss.Index, spec: IndexSpec, exact: ExactVectors, qu
     for family in _candidates(spec):
         recent: list[float] = []
         for candidate in family:
-            apply_search_params(index, candidate)
             start = time.perf_counter()
-            _, got = search(index, candidate, queries, k, exact)
+            got = run(candidate, queries, k)
             ms = (time.perf_counter() - start) * 1000 / len(queries)
             recall = overlap_recall(got, truth)
             if fallback is None or recall > fallback[1]:
@@ -258,5 +301,16 @@ def tune_for_recall(index: faiss.Index, spec: IndexSpec, exact: ExactVectors, qu
     chosen = best or fallback
     if chosen is None:  # flat: nothing to tune
         return spec, 1.0, 0.0
+    return chosen
+
+
+def tune_for_recall(index: faiss.Index, spec: IndexSpec, exact: ExactVectors, queries: np.ndarray,
+                    truth: np.ndarray, target: float, k: int = 10) -> tuple[IndexSpec, float, float]:
+    """``tune_setting`` on a FAISS index; the index is left set to the chosen setting."""
+    def run(candidate: IndexSpec, q: np.ndarray, kk: int) -> np.ndarray:
+        apply_search_params(index, candidate)
+        return search(index, candidate, q, kk, exact)[1]
+
+    chosen = tune_setting(run, spec, queries, truth, target, k)
     apply_search_params(index, chosen[0])
     return chosen

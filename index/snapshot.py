@@ -16,10 +16,13 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 import faiss
 import numpy as np
@@ -27,7 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.errors import UserError
 from core.integrity import checksums, verify_checksums
-from index.faiss_index import ExactVectors, IndexSpec, apply_search_params, search, set_threads, to_search_device
+from index.faiss_index import (
+    ExactVectors,
+    IndexSpec,
+    apply_search_params,
+    masked_exact_search,
+    search,
+    search_parameters,
+    set_threads,
+    to_search_device,
+)
+from index.filters import FilterColumns, SearchFilter, user_field_names
+from index.store import SearchableSnapshot, SnapshotStore
 
 CURRENT = "current"
 VERSIONS = "versions"
@@ -65,6 +79,10 @@ class SnapshotManifest(BaseModel):
     # provenance: which image source was indexed (kind, root, annotations)
     source: dict = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
+    backend: Literal["faiss", "milvus"] = "faiss"
+    # where the version's index lives in its backend (milvus: the collection and its native index)
+    location: dict = Field(default_factory=dict)
+    user_fields: list[str] = Field(default_factory=list, description="names of the user metadata fields a filter can test")
 
 
 def new_version_name(root: Path) -> str:
@@ -223,8 +241,38 @@ class SearchHit:
     metadata: dict
 
 
-class Snapshot:
-    """A loaded, verified snapshot, ready to search."""
+FILTER_CACHE = 64  # compiled filters kept per snapshot (a filter's mask costs one pass over the metadata)
+SMALL_MATCH = 50_000  # at most this many matching images: an exact scan of them beats an ANN with a selector
+
+
+class FilteredSnapshot:
+    """A FAISS snapshot restricted to the images matching a filter. Exact top k among them when the
+    index is flat or the matches are few (a scan of just those rows); otherwise the ANN index searched
+    with an id selector, so the approximate top k is still taken among matching images only."""
+
+    def __init__(self, snapshot: Snapshot, rows: np.ndarray):
+        self.snapshot = snapshot
+        self.rows = rows  # sorted row numbers of the matching images
+        self._params = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        snap = self.snapshot
+        queries = snap.check_queries(queries)
+        spec = snap.manifest.index
+        if spec.exact or len(self.rows) <= max(SMALL_MATCH, k):
+            return masked_exact_search(snap.vectors(), snap.ids, self.rows, queries, k)
+        if self._params is None:
+            self._selector = faiss.IDSelectorBatch(snap.ids[self.rows])  # kept alive with the params
+            self._params = search_parameters(spec, self._selector)
+        exact = snap.exact_vectors() if (spec.refine_factor or 1) > 1 else None
+        return search(snap.index, spec, queries, min(int(k), len(self.rows)), exact, self._params)
+
+
+class Snapshot(SearchableSnapshot):
+    """A loaded, verified FAISS snapshot, ready to search."""
 
     def __init__(self, version_dir: Path, manifest: SnapshotManifest, index, ids, metadata, device: str):
         self.path = version_dir
@@ -233,6 +281,9 @@ class Snapshot:
         self.ids = ids
         self.metadata = metadata
         self.device = device
+        self._filters: OrderedDict[str, FilteredSnapshot] = OrderedDict()
+        self._columns: FilterColumns | None = None
+        self._lock = threading.Lock()
 
     @classmethod
     def load(
@@ -246,12 +297,7 @@ class Snapshot:
     ) -> Snapshot:
         version_dir = resolve(path)
         manifest = read_snapshot_manifest(version_dir)
-        if image_space is not None and image_space != manifest.image_space:
-            raise SnapshotError(
-                f"snapshot {manifest.version} was built in image space {manifest.image_space!r} "
-                f"(bundle {manifest.bundle.name} v{manifest.bundle.version}); the query bundle's image "
-                f"space is {image_space!r}. Use a bundle aligned to that image space, or reindex with this bundle."
-            )
+        check_image_space(manifest, image_space)
         if verify:
             verify_checksums(version_dir, manifest.files, "snapshot", SnapshotError)
         set_threads(threads)
@@ -268,25 +314,45 @@ class Snapshot:
             raise SnapshotError(f"snapshot {version_dir}: index, ids and metadata disagree on the vector count")
         return cls(version_dir, manifest, index, ids, metadata, device)
 
-    @property
-    def version(self) -> str:
-        return self.manifest.version
-
     def __len__(self) -> int:
         return len(self.ids)
 
-    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, ids), each (Q, k'), k' = min(k, size); padded ids are -1."""
+    def check_queries(self, queries: np.ndarray) -> np.ndarray:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if queries.shape[1] != self.manifest.dim:
             raise SnapshotError(f"query dim {queries.shape[1]} != snapshot dim {self.manifest.dim}")
+        return queries
+
+    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids), each (Q, k'), k' = min(k, size); padded ids are -1."""
+        queries = self.check_queries(queries)
         spec = self.manifest.index
         # the id -> row map is built on first use, and only indexes that refine need it for searching
         exact = self.exact_vectors() if (spec.refine_factor or 1) > 1 and not spec.exact else None
         return search(self.index, spec, queries, min(int(k), len(self.ids)), exact)
 
-    def search(self, queries: np.ndarray, k: int) -> list[list[SearchHit]]:
-        scores, ids = self.search_ids(queries, k)
+    def filtered(self, flt: SearchFilter) -> FilteredSnapshot:
+        key = flt.key()
+        with self._lock:
+            view = self._filters.get(key)
+            if view is not None:
+                self._filters.move_to_end(key)
+                return view
+            if self._columns is None:
+                self._columns = FilterColumns(self.ids, [self.metadata[int(i)] for i in self.ids])
+            view = FilteredSnapshot(self, np.flatnonzero(self._columns.mask(flt)))
+            self._filters[key] = view
+            if len(self._filters) > FILTER_CACHE:
+                self._filters.popitem(last=False)
+            return view
+
+    @property
+    def user_fields(self) -> list[str]:
+        # snapshots written before manifests listed their user fields: read them off the metadata
+        return self.manifest.user_fields or sorted(user_field_names(self.metadata.values()))
+
+    def search(self, queries: np.ndarray, k: int, flt: SearchFilter | None = None) -> list[list[SearchHit]]:
+        scores, ids = self.view(flt).search_ids(queries, k)
         return [
             [
                 SearchHit(id=int(i), score=float(s), rank=r + 1, metadata=self.metadata[int(i)])
@@ -296,30 +362,11 @@ class Snapshot:
             for srow, irow in zip(scores, ids)
         ]
 
-    def image_path(self, image_id: int) -> Path | None:
-        """The file of an indexed image (for an image inside a tar shard: the shard, see
-        ``image_member``); None when there is none to serve (precomputed vectors without paths)."""
-        row = self.metadata.get(int(image_id))
-        if row is None or not row.get("path"):
-            return None
-        root = Path(self.manifest.source.get("root", ""))
-        recorded = Path(row["path"])
-        path = root / recorded
-        if not recorded.is_absolute():
-            # served files stay inside the indexed folder, even if a link was planted there later
-            try:
-                if not path.resolve().is_relative_to(root.resolve()):
-                    return None
-            except (OSError, RuntimeError, ValueError):
-                return None
-        return path
+    def metadata_of(self, image_ids) -> dict[int, dict]:
+        return {int(i): self.metadata[int(i)] for i in image_ids if int(i) in self.metadata}
 
-    def image_member(self, image_id: int) -> tuple[str, int, int] | None:
-        """(member name, offset, size) of an image indexed from a webdataset tar shard, else None."""
-        row = self.metadata.get(int(image_id)) or {}
-        if row.get("member") is None:
-            return None
-        return str(row["member"]), int(row["offset"]), int(row["size"])
+    def has_id(self, image_id: int) -> bool:
+        return int(image_id) in self.metadata
 
     def vectors(self) -> np.ndarray:
         return np.load(self.path / "vectors.npy", mmap_mode="r")
@@ -334,3 +381,75 @@ class Snapshot:
         """The stored (exact) vectors of these image ids, in their order."""
         exact = self.exact_vectors()
         return np.asarray(exact.vectors[exact.rows(np.asarray(image_ids, np.int64))], np.float32)
+
+    def iter_contents(self, chunk: int = 65_536):
+        vectors = self.vectors()
+        for begin in range(0, len(self.ids), chunk):
+            ids = self.ids[begin:begin + chunk]
+            yield ids, np.asarray(vectors[begin:begin + chunk], np.float32), [self.metadata[int(i)] for i in ids]
+
+
+def check_image_space(manifest: SnapshotManifest, image_space: str | None) -> None:
+    if image_space is not None and image_space != manifest.image_space:
+        raise SnapshotError(
+            f"snapshot {manifest.version} was built in image space {manifest.image_space!r} "
+            f"(bundle {manifest.bundle.name} v{manifest.bundle.version}); the query bundle's image "
+            f"space is {image_space!r}. Use a bundle aligned to that image space, or reindex with this bundle."
+        )
+
+
+class FaissStore(SnapshotStore):
+    """Versions as folders under a snapshot root, ``current`` naming the published one."""
+
+    backend = "faiss"
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return f"snapshot root {self.root}"
+
+    def current_version(self) -> str | None:
+        return current_version(self.root)
+
+    def versions(self) -> list[str]:
+        folder = self.root / VERSIONS
+        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) if folder.is_dir() else []
+
+    def manifest(self, version: str | None = None) -> SnapshotManifest:
+        return read_snapshot_manifest(resolve(self.root if version is None else self.root / VERSIONS / version))
+
+    def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
+             verify: bool = True) -> Snapshot:
+        return Snapshot.load(self.root if version is None else self.root / VERSIONS / version, image_space=image_space,
+                             threads=threads, verify=verify)
+
+    def activate(self, version: str) -> None:
+        activate_version(self.root, version)
+
+    def prune(self, keep: int) -> list[str]:
+        return prune_versions(self.root, keep)
+
+    def clean_stale(self) -> list[str]:
+        return clean_stale_staging(self.root)
+
+    def new_version_name(self) -> str:
+        return new_version_name(self.root)
+
+    def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
+        from index.builder import build_faiss_index, measure_recall  # the builder imports this module
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        stage = staging_dir(self.root, draft.version)
+        try:
+            if index is None:
+                spec, index = build_faiss_index(spec, draft.vectors, draft.ids)
+            spec, recall, n_queries, tuning = measure_recall(index, spec, draft.vectors, draft.ids, queries,
+                                                             target_recall=target_recall, query_source=query_source)
+            write_snapshot_files(stage, index, draft.ids, draft.vectors, draft.metadata, draft.report)
+            manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="faiss")
+            final, manifest = publish(self.root, stage, manifest, activate=activate)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
+            raise
+        return str(final), manifest

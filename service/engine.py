@@ -22,7 +22,9 @@ from core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fu
 from core.rank_metrics import average_overlap, jaccard_at_k
 from core.settings import Settings
 from index.faiss_index import set_threads
-from index.snapshot import Snapshot, SnapshotError, clean_stale_staging, current_version
+from index.filters import FilterError, SearchFilter
+from index.snapshot import SnapshotError
+from index.store import SearchableSnapshot, SearchView, SnapshotStore, store_from_settings
 from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
 from paraphrase.factory import make_source
@@ -44,6 +46,7 @@ from service.schemas import (
 
 log = logging.getLogger(__name__)
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
+RETRY_LOAD_S = 5.0  # a service that could not load its index at start tries again this often
 
 
 class RequestError(UserError):
@@ -61,7 +64,7 @@ class Active:
     from one reindex and a snapshot from another."""
 
     encoder: Encoder
-    snapshot: Snapshot
+    snapshot: SearchableSnapshot
 
     @property
     def model_id(self) -> str:
@@ -75,13 +78,14 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
                    spin=settings.encoder_spin, memory_arena=False)
 
 
-def load_snapshot(path, encoder: Encoder, settings: Settings) -> Snapshot:
-    return Snapshot.load(path, image_space=encoder.image_space, threads=settings.faiss_threads)
+def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
+    """A version of the configured index backend (default: the current one), checked against the encoder."""
+    return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads)
 
 
-def load_active(bundle, snapshot, settings: Settings, precision: str | None = None) -> Active:
+def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:
     encoder = load_encoder(bundle, settings, precision)
-    return Active(encoder, load_snapshot(snapshot, encoder, settings))
+    return Active(encoder, load_snapshot(store, encoder, settings))
 
 
 @dataclass
@@ -148,22 +152,22 @@ class SearchEngine:
                                   if settings.default_expansion else None)
         self._sources_lock = threading.Lock()
         self.load_error: str | None = None
+        self.store: SnapshotStore | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         limit_malloc_arenas()
         await self.batcher.start()
         await self.index_batcher.start()
-        removed = clean_stale_staging(self.settings.snapshot_root)
-        if removed:
-            log.warning("removed staging folders left by interrupted builds: %s", removed)
         try:
-            self.swap(load_active(self.settings.bundle_dir, self.settings.snapshot_root, self.settings))
+            await asyncio.to_thread(self._load)
         except Exception as exc:  # serve /healthz and report not ready, rather than crash-looping
             # clients see the kind of failure; the message, with server paths, goes to the log only
             self.load_error = f"{type(exc).__name__} (see the server log)"
             log.error("model or index not loaded: %s: %s", type(exc).__name__, exc)
-        if self.settings.snapshot_poll_s > 0:
+        # follow the current version (another replica's reindex); without polling, retry a failed
+        # start (an index backend that was not up yet) until it loads
+        if self.settings.snapshot_poll_s > 0 or self.active is None:
             self._watcher = asyncio.create_task(self._watch_snapshot(), name="snapshot-watcher")
         # warm WordNet (and the caption bank of a default bank expansion) in the background so the
         # first request that needs them does not pay for it; /readyz says "warming up" until then
@@ -193,27 +197,40 @@ class SearchEngine:
         await self.index_batcher.stop()
         await self.cache.close()
 
+    def _load(self) -> None:
+        """Open the index backend, clear what interrupted builds left, load the current version."""
+        if self.store is None:
+            self.store = store_from_settings(self.settings)
+        removed = self.store.clean_stale()
+        if removed:
+            log.warning("removed what interrupted builds left behind: %s", removed)
+        self.swap(load_active(self.settings.bundle_dir, self.store, self.settings))
+
     async def _watch_snapshot(self) -> None:
-        """Follow the snapshot root's ``current`` pointer (another replica's reindex, or a CLI build)."""
-        root = self.settings.snapshot_root
+        """Follow the current version (the snapshot root's ``current``, or the Milvus alias): another
+        replica's reindex, or a CLI build."""
         while True:
-            await asyncio.sleep(self.settings.snapshot_poll_s)
+            await asyncio.sleep(self.settings.snapshot_poll_s or RETRY_LOAD_S)
             try:
-                version = current_version(root)
+                if self.active is None:
+                    await asyncio.to_thread(self._load)
+                    log.info("now serving snapshot %s", self.require_active().snapshot.version)
+                    if self.settings.snapshot_poll_s <= 0:
+                        return  # loaded: nothing more to follow
+                    continue
+                assert self.store is not None
+                version = await asyncio.to_thread(self.store.current_version)
                 active = self.active
-                if version and (active is None or version != active.snapshot.version):
-                    if active is None:
-                        new = await asyncio.to_thread(load_active, self.settings.bundle_dir, root, self.settings)
-                    else:
-                        snap = await asyncio.to_thread(load_snapshot, root, active.encoder, self.settings)
-                        new = Active(active.encoder, snap)
-                    self.swap(new)
+                if version and version != active.snapshot.version:
+                    snap = await asyncio.to_thread(load_snapshot, self.store, active.encoder, self.settings)
+                    self.swap(Active(active.encoder, snap))
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have
-                log.warning("snapshot %s not loaded: %s", root, exc)
+                log.warning("snapshot not loaded: %s: %s", type(exc).__name__, exc)
 
     def swap(self, active: Active) -> None:
-        replaced = self.active is not None and self.active is not active
+        previous = self.active
+        replaced = previous is not None and previous is not active
         self.active = active  # one reference assignment: atomic for concurrent requests
         self.load_error = None
         self.metrics.index_size.set(len(active.snapshot))
@@ -255,13 +272,31 @@ class SearchEngine:
             raise RequestError(field, f"{method} failed: {type(exc).__name__}: {exc}", status=502) from exc
 
     # -- index -----------------------------------------------------------------------------------
-    def _search_snapshot(self, snapshot: Snapshot, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search_snapshot(self, view: SearchView, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """One merged index search, on the index batcher's thread. OpenMP's thread count is a per-thread
         setting, so it is set here, where faiss runs: PARASEEK_FAISS_THREADS (1: fastest for a single
         query) for one row, PARASEEK_FAISS_BATCH_THREADS (default every core) for merged rows."""
         single = len(queries) == 1
         set_threads(self.settings.faiss_threads if single else self.settings.faiss_batch_threads or os.cpu_count())
-        return snapshot.search_ids(queries, k)
+        return view.search_ids(queries, k)
+
+    async def view(self, snapshot: SearchableSnapshot, flt: SearchFilter | None) -> SearchView:
+        """What the index searches: the snapshot, or its view restricted to ``flt`` (compiled once per
+        distinct filter and snapshot, off the event loop: a FAISS filter reads every metadata row once)."""
+        if flt is None:
+            return snapshot
+        try:
+            return await asyncio.to_thread(snapshot.filtered, flt)
+        except FilterError as exc:
+            raise RequestError(exc.field, str(exc)) from exc
+
+    @staticmethod
+    async def metadata(snapshot: SearchableSnapshot, ids) -> dict[int, dict]:
+        """Metadata rows of result ids: a dict lookup for FAISS, one query for Milvus (off the event loop)."""
+        ids = [int(i) for i in ids]
+        if snapshot.backend == "faiss":
+            return snapshot.metadata_of(ids)
+        return await asyncio.to_thread(snapshot.metadata_of, ids)
 
     # -- embeddings ----------------------------------------------------------------------------
     @staticmethod
@@ -288,8 +323,9 @@ class SearchEngine:
         return np.stack([found[t] for t in texts]), [truncated[t] for t in texts]
 
     # -- search --------------------------------------------------------------------------------
-    def _result(self, snap: Snapshot, image_id: int, score: float, rank: int) -> Result:
-        row = snap.metadata[int(image_id)]
+    @staticmethod
+    def _result(rows: dict[int, dict], image_id: int, score: float, rank: int) -> Result:
+        row = rows.get(int(image_id), {})
         return Result(
             id=int(image_id), score=float(score), rank=rank, path=row.get("path"),
             url=row.get("url") or row.get("coco_url") or row.get("flickr_url"), captions=row.get("captions", []),
@@ -323,7 +359,8 @@ class SearchEngine:
                 self._banks = {active.model_id: bank}  # one bundle serves at a time
             return bank
 
-    async def _expand_vectors(self, active: Active, exp: Expansion, queries: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    async def _expand_vectors(self, active: Active, view: SearchView, exp: Expansion,
+                              queries: np.ndarray) -> tuple[np.ndarray, list[str]]:
         """Stage 2a, vector expansions of a batch of query vectors: the caption bank's nearest
         captions, or pseudo-relevance feedback from each vector's top images. Also the bank captions
         used for the first row (shown as ``expansions``)."""
@@ -335,8 +372,8 @@ class SearchEngine:
             fused = (mean_fusion(queries, bank.vectors[rows]) if exp.fusion == "mean"
                      else weighted_fusion(queries, bank.vectors[rows], sims))
             return fused, bank.texts_of(rows[0])
-        _, top = await self.index_batcher.submit(active.snapshot, (queries, exp.m))
-        feedback = np.stack([active.snapshot.vectors_of([i for i in row if i >= 0]) for row in top])
+        _, top = await self.index_batcher.submit(view, (queries, exp.m))
+        feedback = await asyncio.to_thread(lambda: np.stack([active.snapshot.vectors_of([i for i in row if i >= 0]) for row in top]))
         return rocchio(queries, feedback, exp.alpha, exp.beta), []
 
     async def search(self, req: SearchRequest) -> dict:
@@ -353,6 +390,7 @@ class SearchEngine:
         if hit is not None:
             return hit
 
+        view = await self.view(active.snapshot, req.filter)
         texts = await self._texts(req)
         embedded, truncated = await self.embed(active, texts.all())
         vectors = SearchVectors.split(texts, embedded)
@@ -366,7 +404,7 @@ class SearchEngine:
         if req.expansion is not None and req.expansion.method in ("bank", "prf") and vectors.query is not None:
             # the paraphrases of a consistency report go through the same expansion as the query, so the
             # report measures what is served
-            batch, neighbour_texts = await self._expand_vectors(active, req.expansion,
+            batch, neighbour_texts = await self._expand_vectors(active, view, req.expansion,
                                                                 np.vstack([vectors.query[None], vectors.paraphrases]))
             expanded, vectors.paraphrases = batch[0], batch[1:]
         t_enc = time.perf_counter()
@@ -374,11 +412,12 @@ class SearchEngine:
 
         rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
         k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
-        scores, ids = await self.index_batcher.submit(active.snapshot, (rows.matrix, k_search))
+        scores, ids = await self.index_batcher.submit(view, (rows.matrix, k_search))
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 
-        results = self._fuse(active.snapshot, req.k, req.offset, scores, ids, rows.fused)
+        ranked = self._fuse(req.k, req.offset, scores, ids, rows.fused)
+        results = await self._results(active.snapshot, ranked)
         report = self._consistency_report(req, texts.paraphrases, ids, rows) if texts.paraphrases else None
         response = SearchResponse(
             results=results, bundle=active.encoder.name, bundle_version=active.encoder.version,
@@ -401,7 +440,8 @@ class SearchEngine:
         return hit
 
     # -- image queries ---------------------------------------------------------------------------
-    async def search_image(self, data: bytes, k: int, offset: int = 0, field: str = "image") -> dict:
+    async def search_image(self, data: bytes, k: int, offset: int = 0, field: str = "image",
+                           flt: SearchFilter | None = None) -> dict:
         """Search with the bundle's image tower applied to an uploaded image."""
         t0 = time.perf_counter()
         active = self.require_active()
@@ -409,14 +449,16 @@ class SearchEngine:
         if not encoder.has_image_tower:
             raise RequestError(field, f"bundle {encoder.name} has no image tower: image queries need one", status=400)
         key = params_key({"snapshot": active.snapshot.version, "model": active.model_id,
-                          "image": hashlib.sha256(data).hexdigest(), "k": k, "offset": offset})
+                          "image": hashlib.sha256(data).hexdigest(), "k": k, "offset": offset,
+                          "filter": flt.key() if flt else None})
         hit = await self._cached(key, t0)
         if hit is not None:
             return hit
         pixels = await asyncio.to_thread(self._image_pixels, encoder, data, field)
         # the image tower runs on the encoder's thread, so it never competes with a text batch for the cores
+        view = await self.view(active.snapshot, flt)
         vector = await self.batcher.run_alone(encoder.encode_pixels, pixels[None])
-        return await self._vector_search(active, key, vector, k, offset, t0, time.perf_counter())
+        return await self._vector_search(active, view, key, vector, k, offset, t0, time.perf_counter())
 
     def _image_pixels(self, encoder: Encoder, data: bytes, field: str) -> np.ndarray:
         try:
@@ -425,30 +467,33 @@ class SearchEngine:
         except ImageDecodeError as exc:
             raise RequestError(field, f"the upload {exc}", status=413 if exc.too_large else 422) from exc
 
-    async def search_similar(self, image_id: int, k: int, offset: int = 0, include_self: bool = False) -> dict:
+    async def search_similar(self, image_id: int, k: int, offset: int = 0, include_self: bool = False,
+                             flt: SearchFilter | None = None) -> dict:
         """"More like this": the stored vector of an indexed image is the query."""
         t0 = time.perf_counter()
         active = self.require_active()
         snap = active.snapshot
-        if image_id not in snap.metadata:
-            raise RequestError("id", f"no image with id {image_id} in snapshot {snap.version}", status=404)
         key = params_key({"snapshot": snap.version, "model": active.model_id, "similar": image_id, "k": k,
-                          "offset": offset, "self": include_self})
+                          "offset": offset, "self": include_self, "filter": flt.key() if flt else None})
         hit = await self._cached(key, t0)
         if hit is not None:
             return hit
-        vector = await asyncio.to_thread(snap.vectors_of, [image_id])
+        view = await self.view(snap, flt)
+        try:
+            vector = await asyncio.to_thread(snap.vectors_of, [image_id])
+        except KeyError:
+            raise RequestError("id", f"no image with id {image_id} in snapshot {snap.version}", status=404) from None
         exclude = None if include_self else image_id
-        return await self._vector_search(active, key, vector, k, offset, t0, time.perf_counter(), exclude)
+        return await self._vector_search(active, view, key, vector, k, offset, t0, time.perf_counter(), exclude)
 
-    async def _vector_search(self, active: Active, key: str, vector: np.ndarray, k: int, offset: int, t0: float,
-                             t_enc: float, exclude: int | None = None) -> dict:
+    async def _vector_search(self, active: Active, view: SearchView, key: str, vector: np.ndarray, k: int, offset: int,
+                             t0: float, t_enc: float, exclude: int | None = None) -> dict:
         snap = active.snapshot
-        scores, ids = await self.index_batcher.submit(snap, (vector, offset + k + (exclude is not None)))
+        scores, ids = await self.index_batcher.submit(view, (vector, offset + k + (exclude is not None)))
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
         response = SearchResponse(
-            results=self._page(snap, ids[0], scores[0], k, offset, exclude), bundle=active.encoder.name,
+            results=await self._results(snap, self._page(ids[0], scores[0], k, offset, exclude)), bundle=active.encoder.name,
             bundle_version=active.encoder.version, snapshot_version=snap.version,
             timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000,
                             total_ms=(time.perf_counter() - t0) * 1000),
@@ -547,7 +592,7 @@ class SearchEngine:
             first_paraphrase = len(rows)
         return SearchRows(np.vstack(rows), fused, plain_query, first_paraphrase)
 
-    def _fuse(self, snap: Snapshot, k: int, offset: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[Result]:
+    def _fuse(self, k: int, offset: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[tuple[int, float, int]]:
         """Stage 3: the result list, ranks offset+1 .. offset+k; several fused rows are combined by
         reciprocal rank."""
         if fused > 1:
@@ -556,12 +601,18 @@ class SearchEngine:
                 for rank, i in enumerate(row[row >= 0]):
                     ranks[int(i)] = ranks.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
             ranked = sorted(ranks.items(), key=lambda kv: -kv[1])
-            return self._page(snap, [i for i, _ in ranked], [s for _, s in ranked], k, offset)
-        return self._page(snap, ids[0], scores[0], k, offset)
+            return self._page([i for i, _ in ranked], [s for _, s in ranked], k, offset)
+        return self._page(ids[0], scores[0], k, offset)
 
-    def _page(self, snap: Snapshot, ids, scores, k: int, offset: int, exclude: int | None = None) -> list[Result]:
+    @staticmethod
+    def _page(ids, scores, k: int, offset: int, exclude: int | None = None) -> list[tuple[int, float, int]]:
+        """(id, score, rank) of ranks offset+1 .. offset+k."""
         kept = [(int(i), float(s)) for i, s in zip(ids, scores) if i >= 0 and i != exclude]
-        return [self._result(snap, i, s, offset + r + 1) for r, (i, s) in enumerate(kept[offset : offset + k])]
+        return [(i, s, offset + r + 1) for r, (i, s) in enumerate(kept[offset : offset + k])]
+
+    async def _results(self, snap: SearchableSnapshot, page: list[tuple[int, float, int]]) -> list[Result]:
+        rows = await self.metadata(snap, [i for i, _, _ in page])
+        return [self._result(rows, i, s, rank) for i, s, rank in page]
 
     def _consistency_report(self, req: SearchRequest, paraphrases: list[str], ids: np.ndarray,
                             rows: SearchRows) -> ConsistencyReport:

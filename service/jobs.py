@@ -6,7 +6,6 @@ is reported as failed ("interrupted")."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 from core.memory import release_free_memory
 from index.builder import build_snapshot
 from index.faiss_index import IndexSpec
-from index.snapshot import activate_version, prune_versions
+from index.store import store_from_settings
 from service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
 from service.schemas import Job, ReindexRequest
 
@@ -110,21 +109,21 @@ class JobManager:
             else:
                 encoder = load_encoder(settings.bundle_dir, settings)
             spec = IndexSpec.model_validate({"type": req.index_type, **req.index_params})
+            store = engine.store or store_from_settings(settings)
             result = build_snapshot(
-                req.source, encoder, settings.snapshot_root, spec=spec, image_root=req.images, progress=False,
+                req.source, encoder, store, spec=spec, image_root=req.images, progress=False,
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
                 activate=False,
             )
-            active = Active(encoder, load_snapshot(result.version_dir, encoder, settings))
+            active = Active(encoder, load_snapshot(store, encoder, settings, result.manifest.version))
             validate_snapshot(active)
-            activate_version(settings.snapshot_root, result.manifest.version)
+            store.activate(result.manifest.version)
             engine.swap(active)
-            pruned = prune_versions(settings.snapshot_root, settings.snapshot_keep_versions)
+            pruned = store.prune(settings.snapshot_keep_versions)
             if pruned:
                 log.info("pruned old snapshot versions %s", pruned)
             engine.metrics.reindex.labels("succeeded").inc()
-            report = (result.version_dir / "report.json").read_text()
-            self._update(job_id, state="succeeded", finished_at=_now(), report=json.loads(report),
+            self._update(job_id, state="succeeded", finished_at=_now(), report=result.report,
                          snapshot_version=result.manifest.version)
             log.info("reindex %s: now serving snapshot %s", job_id, result.manifest.version)
         except BaseException as exc:  # the old snapshot keeps serving; the job says why

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from core import __version__
 from core.settings import Settings
 from core.tokenizer import EmptyTextError
+from index.store import IndexUnavailable
 from service.engine import RequestError, SearchEngine
 from service.jobs import JobManager
 from service.logging_config import configure_logging, request_id
@@ -153,6 +154,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         parts = [] if exc.field in ("", "body") else [int(p) if p.isdigit() else p for p in exc.field.split(".")]
         loc = ["body", *parts]
         return _error(exc.status, loc, str(exc), "request_error")
+
+    @app.exception_handler(IndexUnavailable)
+    async def index_unavailable(_: Request, exc: IndexUnavailable):
+        # the backend's address and error go to the log; clients learn what failed and to retry
+        logging.getLogger(__name__).warning("index backend unavailable: %s", exc)
+        response = _error(503, ["index"], f"the vector index ({settings.index_backend}) is unavailable; retry shortly",
+                          "index_unavailable")
+        response.headers["Retry-After"] = "5"
+        return response
 
     @app.exception_handler(EmptyTextError)
     async def empty_text(_: Request, exc: EmptyTextError):

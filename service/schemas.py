@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, ValidationInfo, field_validator, model_validator
 
+from index.filters import SearchFilter
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -103,6 +105,8 @@ class SearchRequest(BaseModel):
     expansion: Expansion | None = None
     consistency: Consistency | None = None
     terms: list[Term] | None = Field(None, min_length=1, max_length=16)
+    filter: SearchFilter | None = Field(None, description="search only images whose metadata match (the top k among "
+                                        "them, not the top k filtered afterwards); consistency and expansion too")
 
     @model_validator(mode="after")
     def _has_text(self):
@@ -184,6 +188,7 @@ class ImageSearchRequest(StrictModel):
     image: str = Field(min_length=1, description="the image file, base64 (a data: URL is accepted too)")
     k: StrictInt = Field(10, ge=1, le=MAX_RANK)
     offset: StrictInt = Field(0, ge=0, le=MAX_RANK - 1)
+    filter: SearchFilter | None = None
 
     @model_validator(mode="after")
     def _page(self):
@@ -194,10 +199,11 @@ class ImageSearchRequest(StrictModel):
 class SimilarSearchRequest(StrictModel):
     """"More like this": search with the stored vector of an indexed image."""
 
-    id: StrictInt = Field(ge=0, description="an indexed image id")
+    id: StrictInt = Field(ge=0, le=2**63 - 1, description="an indexed image id")
     k: StrictInt = Field(10, ge=1, le=MAX_RANK)
     offset: StrictInt = Field(0, ge=0, le=MAX_RANK - 1)
     include_self: bool = Field(False, description="keep the query image itself in the results")
+    filter: SearchFilter | None = None
 
     @model_validator(mode="after")
     def _page(self):

@@ -24,12 +24,12 @@ ImageId = Annotated[str, PathParam(pattern=r"^[0-9]{1,19}$", description="image 
 async def get_image(image_id: ImageId, engine: SearchEngine = Depends(get_engine)):
     """The image file of an indexed id."""
     snap = engine.require_active().snapshot
-    path = snap.image_path(int(image_id))
+    # a Milvus snapshot looks the row up in the database: off the event loop
+    path, member = await run_in_threadpool(lambda: (snap.image_path(int(image_id)), snap.image_member(int(image_id))))
     if path is None:
         raise HTTPException(404, f"no image with id {image_id} in snapshot {snap.version}")
     if not path.is_file():
         raise HTTPException(404, f"image {image_id} is indexed but its file is gone")
-    member = snap.image_member(int(image_id))
     if member is not None:  # an image inside a webdataset tar shard: its bytes only, never the shard
         name, offset, size = member
         data = await run_in_threadpool(_read_range, path, offset, size)

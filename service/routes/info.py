@@ -20,7 +20,8 @@ async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
         "bundle": {"name": e.name, "version": e.version, "image_space": e.image_space, "precision": e.precision,
                    "dim": e.dim, "providers": e.providers},
         "snapshot": {"version": m.version, "created_at": m.created_at, "count": m.count, "index": m.index.model_dump(),
-                     "recall_at_10": m.recall_at_10, "device": active.snapshot.device},
+                     "recall_at_10": m.recall_at_10, "device": active.snapshot.device, "backend": m.backend,
+                     "user_fields": active.snapshot.user_fields},
         "cache": engine.cache.backend,
         "batching": engine.batcher.enabled,
     }

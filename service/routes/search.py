@@ -60,7 +60,8 @@ _IMAGE_BODY = {
         "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
             "image": {"type": "string", "format": "binary", "description": "the image file"},
             "k": {"type": "integer", "default": 10, "minimum": 1, "maximum": 1000},
-            "offset": {"type": "integer", "default": 0, "minimum": 0, "maximum": 999}}}},
+            "offset": {"type": "integer", "default": 0, "minimum": 0, "maximum": 999},
+            "filter": {"type": "string", "description": "a search filter as JSON text"}}}},
         "application/json": {"schema": ImageSearchRequest.model_json_schema()},
     }}
 }
@@ -79,7 +80,13 @@ async def search_image(request: Request, engine: SearchEngine = Depends(get_engi
             raise RequestError("image", "send the image file in the multipart field 'image'")
         data = await upload.read()
         fields = {name: form.get(name) for name in ("k", "offset") if form.get(name) is not None}
-        params = _validated(ImageSearchRequest, {"image": "-", **{n: _form_int(n, v) for n, v in fields.items()}})
+        values: dict = {"image": "-", **{n: _form_int(n, v) for n, v in fields.items()}}
+        if form.get("filter") is not None:  # a form field carries the filter as JSON text
+            try:
+                values["filter"] = orjson.loads(str(form.get("filter")))
+            except orjson.JSONDecodeError as exc:
+                raise RequestError("filter", f"the filter form field is not valid JSON: {exc}") from exc
+        params = _validated(ImageSearchRequest, values)
     elif content_type == "application/json":
         try:
             body = orjson.loads(await request.body())
@@ -90,14 +97,14 @@ async def search_image(request: Request, engine: SearchEngine = Depends(get_engi
     else:
         raise RequestError("body", "send the image as multipart/form-data (field 'image') or as JSON with base64 'image'",
                            status=415)
-    return _json(await engine.search_image(data, params.k, params.offset))
+    return _json(await engine.search_image(data, params.k, params.offset, flt=params.filter))
 
 
 @router.post("/search/similar", response_model=SearchResponse, response_model_exclude_none=True,
              responses=error_responses(400, 404, 413, 422, 503))
 async def search_similar(req: SimilarSearchRequest, engine: SearchEngine = Depends(get_engine)):
     """"More like this": the images nearest to an indexed image (itself left out unless asked)."""
-    return _json(await engine.search_similar(req.id, req.k, req.offset, req.include_self))
+    return _json(await engine.search_similar(req.id, req.k, req.offset, req.include_self, req.filter))
 
 
 def _form_int(name: str, value) -> int:

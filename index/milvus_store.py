@@ -1,0 +1,461 @@
+"""The Milvus backend: one collection per snapshot version, the serving version behind an alias.
+
+Layout in Milvus, for collection prefix ``P``::
+
+    P_manifests                 one row per version: its state (building | published) and manifest JSON
+    P_v0001_20261122T080000Z    a version: id (primary key), vector, licence_id, caption_text, meta (JSON)
+    alias P                     -> the current version's collection (switched with alter_alias: atomic)
+
+A build first records the version as ``building`` (with the writing process), then creates and fills
+its collection, checks the count, measures recall, and only then marks it ``published`` and moves the
+alias. A build that fails drops its collection; one that is killed leaves a ``building`` row that the
+next build or service start removes (``clean_stale``), with its collection. The current version is
+never touched by either.
+
+``uri``: a file path ending in ``.db`` runs Milvus Lite in this process (tests, small setups; one
+process at a time per file); ``http://host:19530`` talks to a Milvus standalone or distributed server.
+pymilvus is imported here only, so FAISS-only installs never need it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections import OrderedDict
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from cachetools import LRUCache
+
+from core.errors import UserError
+from core.rank_metrics import overlap_recall
+from index.faiss_index import IndexSpec, exact_search, tune_setting
+from index.filters import SearchFilter, caption_text, licence_id, milvus_expression
+from index.snapshot import SnapshotError, SnapshotManifest, check_image_space
+from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+MANIFESTS = "manifests"
+VARCHAR_MAX = 65_535  # bytes, Milvus' longest VARCHAR
+INSERT_ROWS = 2_000
+RECALL_QUERIES = 1000
+STALE_AFTER_S = 6 * 3600
+METADATA_CACHE = 100_000  # metadata rows kept per loaded version (rows of a version never change)
+FILTER_CACHE = 256
+VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _pymilvus():
+    try:
+        import pymilvus
+    except ImportError as exc:  # pragma: no cover - the install command installs it
+        raise UserError("the milvus backend needs pymilvus (pip install 'pymilvus[milvus-lite]')") from exc
+    return pymilvus
+
+
+def is_lite(uri: str) -> bool:
+    return not re.match(r"^[a-z][a-z0-9+.-]*://", uri)
+
+
+def redact(uri: str) -> str:
+    """The URI without credentials, for messages."""
+    if is_lite(uri):
+        return uri
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def native_index(spec: IndexSpec, index_type: str | None = None, params: dict | None = None) -> tuple[str, dict, dict]:
+    """(Milvus index type, build params, search params) for an index spec; ``index_type``/``params``
+    override the mapping (index types only a Milvus server has, e.g. DISKANN)."""
+    if index_type:
+        return index_type, dict(params or {}), {}
+    if spec.type == "flat":
+        return "FLAT", {}, {}
+    if spec.type == "ivf_flat":
+        return "IVF_FLAT", {"nlist": spec.nlist}, {"nprobe": spec.nprobe}
+    if spec.type == "hnsw":
+        return "HNSW", {"M": spec.hnsw_m, "efConstruction": spec.ef_construction}, {"ef": spec.ef_search}
+    if spec.type == "ivf_pq":
+        return "IVF_PQ", {"nlist": spec.nlist, "m": spec.pq_m, "nbits": spec.pq_nbits}, {"nprobe": spec.nprobe}
+    raise UserError(f"index type {spec.type!r} has no Milvus counterpart")
+
+
+def _truncate_utf8(text: str, limit: int) -> str:
+    data = text.encode("utf-8")
+    return text if len(data) <= limit else data[:limit].decode("utf-8", errors="ignore")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class MilvusStore(SnapshotStore):
+    backend = "milvus"
+
+    def __init__(self, uri: str, *, token: str | None = None, prefix: str = "paraseek", index_type: str | None = None,
+                 index_params: dict | None = None, search_params: dict | None = None, timeout_s: float = 10.0):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,120}$", prefix):
+            raise UserError(f"Milvus collection prefix {prefix!r}: letters, digits and underscores, not starting with a digit")
+        self.uri, self.prefix, self.timeout_s = uri, prefix, timeout_s
+        self.index_type, self.index_params, self.search_params = index_type, index_params, search_params
+        self.alias = prefix
+        self.manifests = f"{prefix}_{MANIFESTS}"
+        pymilvus = _pymilvus()
+        self.errors: tuple[type[BaseException], ...] = (pymilvus.MilvusException,)
+        if is_lite(uri):
+            Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client = pymilvus.MilvusClient(uri=uri, token=token or "", timeout=timeout_s)
+            self._ensure_manifests()
+        except self.errors as exc:
+            raise IndexUnavailable(f"Milvus at {redact(uri)} is unavailable: {_reason(exc)}") from exc
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"Milvus at {redact(self.uri)}, collection {self.prefix}"
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except self.errors:
+            pass
+
+    # -- the manifests collection ----------------------------------------------------------------
+    def _ensure_manifests(self) -> None:
+        if self.client.has_collection(self.manifests):
+            self.client.load_collection(self.manifests)
+            return
+        from pymilvus import DataType
+
+        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("version", DataType.VARCHAR, max_length=64, is_primary=True)
+        schema.add_field("state", DataType.VARCHAR, max_length=16)
+        schema.add_field("manifest", DataType.VARCHAR, max_length=VARCHAR_MAX)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2)  # Milvus requires a vector field
+        index = self.client.prepare_index_params()
+        index.add_index(field_name="vector", index_type="FLAT", metric_type="L2")
+        self.client.create_collection(self.manifests, schema=schema, index_params=index)
+
+    def _rows(self, state: str | None = None) -> list[dict]:
+        expr = f'state == "{state}"' if state else 'version != ""'
+        return self.client.query(self.manifests, filter=expr, output_fields=["version", "state", "manifest"])
+
+    def _put(self, version: str, state: str, body: str) -> None:
+        if len(body.encode("utf-8")) > VARCHAR_MAX:
+            raise UserError(f"the manifest of {version} is larger than Milvus' {VARCHAR_MAX}-byte text field")
+        self.client.upsert(self.manifests, [{"version": version, "state": state, "manifest": body, "vector": [0.0, 0.0]}])
+
+    def collection(self, version: str) -> str:
+        return f"{self.prefix}_{version.replace('-', '_')}"
+
+    # -- versions --------------------------------------------------------------------------------
+    def versions(self) -> list[str]:
+        return sorted(r["version"] for r in self._rows("published"))
+
+    def new_version_name(self) -> str:
+        numbers = [int(r["version"][1:5]) for r in self._rows() if r["version"][1:5].isdigit()]
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        return f"v{max(numbers, default=0) + 1:04d}-{stamp}"
+
+    def _alias_exists(self) -> bool:
+        return self.alias in (self.client.list_aliases().get("aliases") or [])
+
+    def current_version(self) -> str | None:
+        if not self._alias_exists():
+            return None  # nothing published yet
+        target = self.client.describe_alias(self.alias).get("collection_name")
+        for row in self._rows("published"):
+            if self.collection(row["version"]) == target:
+                return row["version"]
+        return None
+
+    def manifest(self, version: str | None = None) -> SnapshotManifest:
+        version = version or self.current_version()
+        if version is not None and not VERSION_NAME.match(version):
+            raise SnapshotError(f"{version!r} is not a snapshot version name (like v0001-20261122T080000Z)")
+        if version is None:
+            raise SnapshotError(f"{self.describe()}: no published version (build one with `paraseek index build --backend milvus`)")
+        rows = self.client.query(self.manifests, filter=f'version == "{version}" and state == "published"',
+                                 output_fields=["manifest"])
+        if not rows:
+            raise SnapshotError(f"{self.describe()}: no published version {version!r}")
+        return SnapshotManifest.model_validate_json(rows[0]["manifest"])
+
+    def activate(self, version: str) -> None:
+        self.manifest(version)  # published, or SnapshotError
+        name = self.collection(version)
+        with self._lock:
+            if self._alias_exists():
+                self.client.alter_alias(name, self.alias)  # one step: readers see the old or the new version
+            else:
+                self.client.create_alias(name, self.alias)
+
+    def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
+             verify: bool = True) -> MilvusSnapshot:
+        try:
+            manifest = self.manifest(version)
+            check_image_space(manifest, image_space)
+            name = self.collection(manifest.version)
+            self.client.load_collection(name)
+            if verify:
+                count = self._count(name)
+                if count != manifest.count:
+                    raise SnapshotError(f"{self.describe()}: version {manifest.version} holds {count} vectors, its "
+                                        f"manifest says {manifest.count}")
+        except self.errors as exc:
+            raise IndexUnavailable(f"{self.describe()}: version not loaded: {_reason(exc)}") from exc
+        return MilvusSnapshot(self, manifest)
+
+    def _count(self, name: str) -> int:
+        return int(self.client.query(name, filter="", output_fields=["count(*)"])[0]["count(*)"])
+
+    def prune(self, keep: int) -> list[str]:
+        versions = self.versions()
+        current = self.current_version()
+        protected = {current}
+        if current in versions:
+            protected |= {self.manifest(current).parent, versions[versions.index(current) - 1] if versions.index(current) else None}
+        removed = []
+        for version in versions[: max(0, len(versions) - keep)]:
+            if version not in protected:
+                self._drop(version)
+                removed.append(version)
+        return removed
+
+    def _drop(self, version: str) -> None:
+        name = self.collection(version)
+        if self.client.has_collection(name):
+            self.client.drop_collection(name)
+        self.client.delete(self.manifests, filter=f'version == "{version}"')
+
+    def clean_stale(self, max_age_s: float = STALE_AFTER_S) -> list[str]:
+        """Versions whose build died: written by a process of this host that is gone, or by anyone
+        longer ago than ``max_age_s``; and collections of this prefix that no manifest row names."""
+        removed = []
+        host = socket.gethostname()
+        for row in self._rows("building"):
+            try:
+                owner = json.loads(row["manifest"])
+                mine = owner.get("host") == host
+                stale = (mine and not _pid_alive(int(owner["pid"]))) or time.time() - float(owner["started"]) > max_age_s
+            except (ValueError, KeyError, TypeError):
+                stale = True
+            if stale:
+                self._drop(row["version"])
+                removed.append(row["version"])
+        known = {self.collection(r["version"]) for r in self._rows()}
+        pattern = re.compile(rf"^{re.escape(self.prefix)}_v\d{{4}}_\d{{8}}T\d{{6}}Z$")
+        for name in self.client.list_collections():
+            if pattern.match(name) and name not in known:
+                self.client.drop_collection(name)
+                removed.append(name)
+        return removed
+
+    # -- writing a version ------------------------------------------------------------------------
+    def _create(self, name: str, dim: int, kind: str, build: dict) -> None:
+        from pymilvus import DataType
+
+        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+        schema.add_field("licence_id", DataType.INT64)
+        schema.add_field("caption_text", DataType.VARCHAR, max_length=VARCHAR_MAX)
+        schema.add_field("meta", DataType.JSON)
+        index = self.client.prepare_index_params()
+        index.add_index(field_name="vector", index_type=kind, metric_type="IP", params=build)
+        self.client.create_collection(name, schema=schema, index_params=index)
+
+    def _insert(self, name: str, ids: np.ndarray, vectors: np.ndarray, metadata: list[dict], on_rows=None) -> None:
+        for begin in range(0, len(ids), INSERT_ROWS):
+            rows = []
+            for row, image_id, vector in zip(metadata[begin:begin + INSERT_ROWS], ids[begin:begin + INSERT_ROWS],
+                                             vectors[begin:begin + INSERT_ROWS]):
+                rows.append({"id": int(image_id), "vector": np.asarray(vector, np.float32), "licence_id": licence_id(row),
+                             "caption_text": _truncate_utf8(caption_text(row), VARCHAR_MAX), "meta": row})
+            self.client.insert(name, rows)
+            if on_rows is not None:
+                on_rows(begin + len(rows))
+
+    def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
+        count, dim = len(draft.ids), int(draft.vectors.shape[1])
+        spec = spec.resolved(count, dim).model_copy(update={"refine_factor": 1})  # Milvus re-ranks by its own rules
+        kind, build, search = native_index(spec, self.index_type, self.index_params)
+        name = self.collection(draft.version)
+        metadata = draft.metadata if len(draft.metadata) == count else [{"id": int(i)} for i in draft.ids]
+        owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+        try:
+            self._put(draft.version, "building", owner)
+            self._create(name, dim, kind, build)
+            self._insert(name, draft.ids, draft.vectors, metadata)
+            self.client.flush(name)
+            written = self._count(name)
+            if written != count:
+                raise SnapshotError(f"Milvus holds {written} of the {count} vectors written to {name}")
+            location = {"collection": name, "index_type": kind, "index_params": build,
+                        "search_params": self.search_params or search}
+            probe = MilvusSnapshot(self, draft.manifest(ref, spec, None, 0, None, backend="milvus", location=location))
+            spec, recall, n_queries, tuning = self._measure_recall(probe, spec, draft, queries, query_source, target_recall)
+            if tuning is not None and not self.index_type:
+                location["search_params"] = native_index(spec)[2]
+            manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="milvus", location=location)
+            self._put(draft.version, "published", manifest.model_dump_json())
+        except BaseException as exc:
+            try:
+                self._drop(draft.version)  # nothing of a failed build stays; the alias never moved
+            except self.errors:
+                log.warning("could not drop the failed build's collection %s (the next build removes it)", name)
+            if isinstance(exc, self.errors):
+                raise IndexUnavailable(f"{self.describe()}: build of {draft.version} failed: {_reason(exc)}") from exc
+            raise
+        if activate:
+            self.activate(draft.version)
+        return name, manifest
+
+    def _measure_recall(self, probe: MilvusSnapshot, spec: IndexSpec, draft, queries: np.ndarray, query_source: str,
+                        target_recall: float | None) -> tuple[IndexSpec, float | None, int, dict | None]:
+        """Recall@10 of the collection's index against exact search (as the FAISS builder measures it);
+        with ``target_recall``, nprobe / ef tuned on half the queries and measured on the other half."""
+        if spec.exact and not self.index_type:
+            return spec, None, 0, None
+        queries = np.ascontiguousarray(queries[:RECALL_QUERIES], np.float32)
+        truth = exact_search(draft.vectors, draft.ids, queries, 10)
+
+        def run(candidate: IndexSpec, q: np.ndarray, k: int) -> np.ndarray:
+            probe.params = native_index(candidate)[2]
+            return probe.search_ids(q, k)[1]
+
+        tuning = None
+        if target_recall is not None and not self.index_type and len(queries) >= 4:
+            half = len(queries) // 2
+            spec, tuned, ms = tune_setting(run, spec, queries[:half], truth[:half], target_recall)
+            tuning = {"target_recall": target_recall, "reached": tuned >= target_recall,
+                      "recall_at_10_on_tuning_queries": round(tuned, 4), "tuning_queries": half,
+                      "ms_per_query_at_tuning": round(ms, 4), "queries": query_source,
+                      "setting": {"nprobe": spec.nprobe, "ef_search": spec.ef_search}}
+            queries, truth = queries[half:], truth[half:]
+        probe.params = self.search_params or (native_index(spec)[2] if not self.index_type else {})
+        return spec, overlap_recall(probe.search_ids(queries, truth.shape[1])[1], truth), len(queries), tuning
+
+
+def _reason(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc)
+    code = getattr(exc, "code", None)
+    return f"{message} (code {code})" if code not in (None, "") else message
+
+
+class MilvusView:
+    """A Milvus snapshot restricted by a filter: Milvus applies the expression inside the search."""
+
+    def __init__(self, snapshot: MilvusSnapshot, expression: str):
+        self.snapshot, self.expression = snapshot, expression
+
+    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.snapshot.search_ids(queries, k, self.expression)
+
+
+class MilvusSnapshot(SearchableSnapshot):
+    """A published version's collection, searched through the store's client."""
+
+    device = "milvus"
+
+    def __init__(self, store: MilvusStore, manifest: SnapshotManifest):
+        self.store = store
+        self.manifest = manifest
+        self.collection = manifest.location.get("collection") or store.collection(manifest.version)
+        self.params = store.search_params or manifest.location.get("search_params") or {}
+        self._meta: LRUCache = LRUCache(METADATA_CACHE)
+        self._views: OrderedDict[str, MilvusView] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        """A Milvus call; failures become IndexUnavailable (503). A collection the server no longer
+        has loaded (after a restart) is loaded again and the call retried once."""
+        try:
+            return fn(*args, **kwargs)
+        except self.store.errors as first:
+            if "not loaded" in str(first).lower():
+                try:
+                    self.store.client.load_collection(self.collection)
+                    return fn(*args, **kwargs)
+                except self.store.errors as exc:
+                    first = exc
+            raise IndexUnavailable(f"{self.store.describe()}: {what} failed: {_reason(first)}") from first
+
+    def search_ids(self, queries: np.ndarray, k: int, expression: str = "") -> tuple[np.ndarray, np.ndarray]:
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if queries.shape[1] != self.manifest.dim:
+            raise SnapshotError(f"query dim {queries.shape[1]} != snapshot dim {self.manifest.dim}")
+        width = max(1, min(int(k), self.manifest.count))
+        hits = self._call("search", self.store.client.search, self.collection, data=list(queries), limit=width,
+                          filter=expression, output_fields=[], search_params={"metric_type": "IP", "params": self.params},
+                          timeout=self.store.timeout_s)
+        scores = np.full((len(queries), width), -np.inf, np.float32)
+        ids = np.full((len(queries), width), -1, np.int64)
+        for row, found in enumerate(hits):
+            for col, hit in enumerate(found[:width]):
+                ids[row, col] = int(hit["id"])
+                scores[row, col] = float(hit["distance"])
+        return scores, ids
+
+    def filtered(self, flt: SearchFilter) -> MilvusView:
+        key = flt.key()
+        with self._lock:
+            view = self._views.get(key)
+            if view is None:
+                view = self._views[key] = MilvusView(self, milvus_expression(flt, self.manifest.user_fields))
+                if len(self._views) > FILTER_CACHE:
+                    self._views.popitem(last=False)
+            else:
+                self._views.move_to_end(key)
+            return view
+
+    def metadata_of(self, image_ids) -> dict[int, dict]:
+        wanted = [int(i) for i in image_ids]
+        missing = [i for i in dict.fromkeys(wanted) if i not in self._meta]
+        if missing:
+            rows = self._call("metadata lookup", self.store.client.get, self.collection, ids=missing,
+                              output_fields=["meta"], timeout=self.store.timeout_s)
+            for row in rows:
+                self._meta[int(row["id"])] = row["meta"]
+        return {i: self._meta[i] for i in wanted if i in self._meta}
+
+    def vectors_of(self, image_ids) -> np.ndarray:
+        wanted = [int(i) for i in image_ids]
+        rows = self._call("vector lookup", self.store.client.get, self.collection, ids=list(dict.fromkeys(wanted)),
+                          output_fields=["vector"], timeout=self.store.timeout_s)
+        found = {int(r["id"]): r["vector"] for r in rows}
+        missing = [i for i in wanted if i not in found]
+        if missing:
+            raise KeyError(f"ids not in the index: {missing[:5]}")
+        return np.asarray([found[i] for i in wanted], np.float32).reshape(len(wanted), self.manifest.dim)
+
+    def iter_contents(self, chunk: int = 16_384):
+        iterator = self._call("export", self.store.client.query_iterator, self.collection, batch_size=min(chunk, 16_384),
+                              output_fields=["id", "vector", "meta"])
+        try:
+            while True:
+                rows = self._call("export", iterator.next)
+                if not rows:
+                    break
+                yield (np.array([r["id"] for r in rows], np.int64), np.asarray([r["vector"] for r in rows], np.float32),
+                       [r["meta"] for r in rows])
+        finally:
+            iterator.close()

@@ -1,0 +1,208 @@
+"""Index backends behind one interface: where snapshot versions are kept, published and loaded.
+
+Two implementations:
+
+- ``faiss`` (``index.snapshot.FaissStore``, the embedded default): versions are folders under a
+  snapshot root; every replica loads the whole index into its own memory.
+- ``milvus`` (``index.milvus_store.MilvusStore``): one Milvus collection per version, the serving
+  version behind a collection alias; the vectors live in Milvus (Milvus Lite in-process for tests and
+  small setups, a standalone or distributed server when the collection outgrows one machine).
+
+The service, the CLI and the builder use only what is declared here, so the two behave the same way:
+a build writes a new version and publishes it atomically (a failed one never becomes current), a
+loaded version (``SearchableSnapshot``) checks the bundle's image space, and searches take a filter.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from core.errors import UserError
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+    from index.builder import VersionDraft
+    from index.faiss_index import IndexSpec
+    from index.filters import SearchFilter
+    from index.snapshot import BundleRef, SnapshotManifest
+
+BACKENDS = ("faiss", "milvus")
+
+
+class IndexUnavailable(UserError):
+    """The vector database did not answer (-> 503; the service keeps running and retries)."""
+
+
+@runtime_checkable
+class SearchView(Protocol):
+    """What an index search runs on: a snapshot, or a snapshot restricted by a filter. Equal filters
+    on one snapshot give the same view object, so the service merges their searches."""
+
+    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class SearchableSnapshot(ABC):
+    """A loaded snapshot version, ready to search; what the service and the CLI hold."""
+
+    manifest: SnapshotManifest
+    device: str
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def backend(self) -> str:
+        return self.manifest.backend
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    @abstractmethod
+    def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids), each (Q, k') with k' = min(k, size); padded ids are -1."""
+
+    @abstractmethod
+    def filtered(self, flt: SearchFilter) -> SearchView:
+        """A view searching only the images that match ``flt`` (raises ``FilterError`` naming the
+        offending part for a filter this snapshot cannot apply)."""
+
+    def view(self, flt: SearchFilter | None) -> SearchView:
+        return self if flt is None else self.filtered(flt)
+
+    @abstractmethod
+    def metadata_of(self, image_ids) -> dict[int, dict]:
+        """The metadata rows of these ids (ids not in the snapshot are left out)."""
+
+    @abstractmethod
+    def vectors_of(self, image_ids) -> np.ndarray:
+        """The stored vectors of these ids, in their order (KeyError for an id not in the snapshot)."""
+
+    def has_id(self, image_id: int) -> bool:
+        return int(image_id) in self.metadata_of([int(image_id)])
+
+    @property
+    def user_fields(self) -> list[str]:
+        return self.manifest.user_fields
+
+    def image_path(self, image_id: int) -> Path | None:
+        """The file of an indexed image (for an image inside a tar shard: the shard, see
+        ``image_member``); None when there is none to serve (precomputed vectors without paths)."""
+        row = self.metadata_of([int(image_id)]).get(int(image_id))
+        if row is None or not row.get("path"):
+            return None
+        root = Path(self.manifest.source.get("root", ""))
+        recorded = Path(row["path"])
+        path = root / recorded
+        if not recorded.is_absolute():
+            # served files stay inside the indexed folder, even if a link was planted there later
+            try:
+                if not path.resolve().is_relative_to(root.resolve()):
+                    return None
+            except (OSError, RuntimeError, ValueError):
+                return None
+        return path
+
+    def image_member(self, image_id: int) -> tuple[str, int, int] | None:
+        """(member name, offset, size) of an image indexed from a webdataset tar shard, else None."""
+        row = self.metadata_of([int(image_id)]).get(int(image_id)) or {}
+        if row.get("member") is None:
+            return None
+        return str(row["member"]), int(row["offset"]), int(row["size"])
+
+    def iter_contents(self, chunk: int = 65_536):
+        """(ids, vectors, metadata rows) of the whole version, chunk by chunk (updates and exports)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the snapshot holds open (a database connection); the FAISS one holds none."""
+        return None
+
+
+class SnapshotStore(ABC):
+    """Where snapshot versions of one collection are written, published and loaded."""
+
+    backend: str
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where, for messages (never a secret)."""
+
+    @abstractmethod
+    def current_version(self) -> str | None: ...
+
+    @abstractmethod
+    def versions(self) -> list[str]:
+        """Published versions, oldest first."""
+
+    @abstractmethod
+    def manifest(self, version: str | None = None) -> SnapshotManifest:
+        """A published version's manifest (default: the current one)."""
+
+    @abstractmethod
+    def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
+             verify: bool = True) -> SearchableSnapshot:
+        """A published version (default: the current one), refused when built in another image space."""
+
+    @abstractmethod
+    def activate(self, version: str) -> None:
+        """Atomically make a published version the current one."""
+
+    @abstractmethod
+    def prune(self, keep: int) -> list[str]:
+        """Delete published versions beyond the newest ``keep`` (never the current one or its predecessor)."""
+
+    @abstractmethod
+    def clean_stale(self) -> list[str]:
+        """Remove what builds that died midway left behind; returns what was removed."""
+
+    @abstractmethod
+    def write_version(self, draft: VersionDraft, ref: BundleRef, spec: IndexSpec, *, queries: np.ndarray,
+                      query_source: str, index: Any = None, target_recall: float | None = None,
+                      activate: bool = True) -> tuple[str, SnapshotManifest]:
+        """Index a draft's vectors, measure recall against exact search, publish the version (and with
+        ``activate`` make it current). -> (where the version lives, its manifest). Nothing of a failed
+        write stays visible."""
+
+    @abstractmethod
+    def new_version_name(self) -> str: ...
+
+    def close(self) -> None:
+        """Release connections (the FAISS store holds none)."""
+        return None
+
+
+def store_from_settings(settings: Settings, root: str | Path | None = None) -> SnapshotStore:
+    """The store the settings name: PARASEEK_INDEX_BACKEND=faiss with PARASEEK_SNAPSHOT (or ``root``), or
+    milvus with PARASEEK_MILVUS_URI, _TOKEN, _COLLECTION, _INDEX_TYPE, _INDEX_PARAMS, _SEARCH_PARAMS."""
+    if settings.index_backend == "faiss":
+        from index.snapshot import FaissStore
+
+        return FaissStore(Path(root or settings.snapshot_root))
+    if settings.index_backend == "milvus":
+        from index.milvus_store import MilvusStore  # pymilvus is imported only when Milvus is used
+
+        return MilvusStore(settings.milvus_location,
+                           token=settings.milvus_token.get_secret_value() if settings.milvus_token else None,
+                           prefix=settings.milvus_collection, index_type=settings.milvus_index_type,
+                           index_params=_json_setting(settings.milvus_index_params, "PARASEEK_MILVUS_INDEX_PARAMS"),
+                           search_params=_json_setting(settings.milvus_search_params, "PARASEEK_MILVUS_SEARCH_PARAMS"),
+                           timeout_s=settings.milvus_timeout_s)
+    raise UserError(f"unknown index backend {settings.index_backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def _json_setting(text: str | None, name: str) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise UserError(f"{name} must be a JSON object")
+    return value
