@@ -36,7 +36,7 @@ from index.snapshot import (
     publish,
     staging_dir,
 )
-from index.store import SnapshotStore
+from index.store import SearchableSnapshot, SnapshotStore
 from index.vector_sources import VectorSource, iter_shards, open_vector_source
 
 log = logging.getLogger(__name__)
@@ -527,3 +527,30 @@ def _export_row(meta: dict, image_id: int) -> dict:
     for key, value in (meta.get("fields") or {}).items():
         row.setdefault(key, value)
     return row
+
+
+def copy_snapshot(source: SearchableSnapshot, store: SnapshotStore, *, spec: IndexSpec | None = None,
+                  encoder: Encoder | None = None, activate: bool = True, target_recall: float | None = None) -> BuildResult:
+    """Publish a loaded version's vectors and metadata as a new version of another store (FAISS to
+    Milvus when a collection outgrows one machine, or back), without re-encoding anything. The index
+    type is the source's unless ``spec`` is given; recall is measured on caption queries when an
+    ``encoder`` aligned to the snapshot is given, else on a sample of the vectors."""
+    m = source.manifest
+    parts = list(source.iter_contents())
+    vectors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m.dim), np.float32)
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    metadata = [row for p in parts for row in p[2]]
+    del parts
+    if len(ids) == 0:
+        raise BuildError(f"snapshot {m.version} is empty: nothing to copy")
+    store.clean_stale()
+    report = {"copied_from": {"backend": m.backend, "version": m.version}, "indexed": len(ids), "skipped": []}
+    draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, m.source, report)
+    if encoder is not None:
+        queries, query_source = _recall_queries(encoder, metadata, vectors)
+    else:
+        queries, query_source = _vector_queries(None, vectors, m.dim, np.random.default_rng(0))
+    target = spec or m.index.model_copy(update={"refine_factor": None})
+    where, manifest = store.write_version(draft, m.bundle, target, queries=queries, query_source=query_source,
+                                          target_recall=target_recall, activate=activate)
+    return BuildResult(where, manifest, [], report=report)

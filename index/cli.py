@@ -16,7 +16,7 @@ from core.cli_support import console, err, user_errors
 from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
-from index.builder import build_snapshot, build_snapshot_from_vectors, export_snapshot_vectors, update_snapshot
+from index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
 from index.faiss_index import IndexSpec
 from index.filters import SearchFilter
 from index.snapshot import SearchHit, Snapshot, read_snapshot_manifest, resolve
@@ -179,6 +179,30 @@ def update_cmd(
     store = open_cli_store(backend, root, uri, collection)
     result = update_snapshot(store, load_encoder(bundle), add=add, remove=remove, retrain=retrain)
     console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images")
+
+
+@app.command("copy")
+@user_errors
+def copy_cmd(
+    snapshot: Optional[Path] = typer.Argument(None, help="FAISS snapshot root to copy (default: PARASEEK_SNAPSHOT)."),
+    backend: str = typer.Option("milvus", help="Backend to copy into: " + BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+    out: Optional[Path] = typer.Option(None, help="With --backend faiss: the snapshot root to copy into."),
+    index_type: Optional[str] = typer.Option(None, "--type", help="Index type in the target (default: the source's)."),
+    params: Optional[str] = typer.Option(None, help="Index parameters as JSON."),
+    bundle: Optional[Path] = typer.Option(None, help="The snapshot's bundle: recall is then measured on caption queries."),
+    target_recall: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Tune the target's nprobe/ef to this recall@10."),
+):
+    """Copy a snapshot's current version into another backend (e.g. FAISS -> Milvus) without re-encoding."""
+    source = Snapshot.load(snapshot or Settings().snapshot_root)
+    store = open_cli_store(backend, out, uri, collection)
+    spec = index_spec(index_type, params) if index_type else None
+    encoder = load_encoder(bundle) if bundle else None
+    result = copy_snapshot(source, store, spec=spec, encoder=encoder, target_recall=target_recall)
+    m = result.manifest
+    console.print(f"published {m.version} ({store.describe()}): {m.count} vectors from {source.version}, index {m.index.type}"
+                  + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""))
 
 
 @app.command("info")

@@ -122,6 +122,9 @@ class MilvusStore(SnapshotStore):
         self.errors: tuple[type[BaseException], ...] = (pymilvus.MilvusException,)
         if is_lite(uri):
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
+            # Milvus Lite's in-process gRPC server logs a traceback for the optional AllocTimestamp call
+            # that pymilvus' query iterator tries first (and then does without)
+            logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
         try:
             self.client = pymilvus.MilvusClient(uri=uri, token=token or "", timeout=timeout_s)
             self._ensure_manifests()

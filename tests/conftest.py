@@ -69,3 +69,80 @@ def tiny_clip(tmp_path_factory):
     export_open_clip("tiny-clip", bundle, pretrained=str(ckpt), model_config=TINY_CLIP_CONFIG)
     reloaded, _ = load_open_clip("tiny-clip", pretrained=str(ckpt), model_config=TINY_CLIP_CONFIG)
     return bundle, reloaded, ckpt
+
+
+# -- index backends: tests that take ``backend`` (or fixtures that do, like the service's
+# ``make_settings``) run on FAISS; a module with ``BOTH_BACKENDS = True`` runs them on both
+BACKENDS = ["faiss", "milvus"]
+_prefixes = iter(range(1_000_000))
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames and getattr(metafunc.module, "BOTH_BACKENDS", False):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture()
+def backend(request) -> str:
+    return getattr(request, "param", "faiss")
+
+
+@pytest.fixture(scope="session")
+def milvus_lite_uri(tmp_path_factory) -> str:
+    """One Milvus Lite database (in this process) for the session; each test takes its own collection prefix."""
+    return str(tmp_path_factory.mktemp("milvus") / "paraseek.db")
+
+
+def fresh_prefix() -> str:
+    return f"t{os.getpid()}_{next(_prefixes)}"
+
+
+@pytest.fixture()
+def milvus_store(milvus_lite_uri):
+    """An empty Milvus store of its own (a fresh collection prefix in the session's Milvus Lite)."""
+    from index.milvus_store import MilvusStore
+
+    return MilvusStore(milvus_lite_uri, prefix=fresh_prefix())
+
+
+@pytest.fixture()
+def milvus_server(tmp_path):
+    """Milvus Lite as its own process, serving gRPC on loopback (what a Milvus server looks like to the
+    service): ``uri``, ``stop()`` (kill -9), ``start()`` (again, same data, same port)."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from core.net import free_port
+
+    port = free_port()
+    data = tmp_path / "milvus-server"
+    server: dict = {"uri": f"http://127.0.0.1:{port}", "port": port, "proc": None}
+
+    def start():
+        log = open(tmp_path / "milvus-server.log", "ab")
+        server["proc"] = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data),
+                                           "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=log)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return
+            except OSError:
+                if server["proc"].poll() is not None:
+                    pytest.fail(f"milvus_lite server exited: {(tmp_path / 'milvus-server.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+        pytest.fail("milvus_lite server did not listen within 60 s")
+
+    def stop():
+        if server["proc"] is not None and server["proc"].poll() is None:
+            server["proc"].kill()
+            server["proc"].wait()
+
+    server["start"], server["stop"] = start, stop
+    start()
+    yield server
+    stop()
+    shutil.rmtree(data, ignore_errors=True)

@@ -40,7 +40,9 @@ def snapshot_copy(demo_snapshot, tmp_path) -> Path:
 
 
 @pytest.fixture()
-def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path):
+def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path, backend, request):
+    """Settings of an app under test. On the milvus backend the snapshot named (default: the demo) is
+    copied into a collection prefix of the test's own in the session's Milvus Lite, and served from there."""
     from core.settings import Settings
 
     os.environ.setdefault("NLTK_DATA", str(shared_data / "nltk_data"))
@@ -49,9 +51,25 @@ def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path):
         base = dict(bundle=starter_bundle, snapshot=demo_snapshot, admin_token=ADMIN_TOKEN, log_json=False,
                     llm_cache=tmp_path / "llm-cache.jsonl", home=tmp_path / "home")
         base.update(overrides)
+        if backend == "milvus" and "index_backend" not in overrides:
+            base.update(milvus_settings(request.getfixturevalue("milvus_lite_uri"), Path(base["snapshot"])))
         return Settings(**base)
 
     return make
+
+
+def milvus_settings(uri: str, snapshot: Path) -> dict:
+    """Settings serving a copy of a FAISS snapshot's current version from a fresh Milvus collection prefix."""
+    from index.builder import copy_snapshot
+    from index.milvus_store import MilvusStore
+    from index.snapshot import FaissStore, Snapshot
+    from tests.conftest import fresh_prefix
+
+    prefix = fresh_prefix()
+    if FaissStore(snapshot).current_version() is not None:
+        store = MilvusStore(uri, prefix=prefix)
+        copy_snapshot(Snapshot.load(snapshot), store)
+    return {"index_backend": "milvus", "milvus_uri": uri, "milvus_collection": prefix}
 
 
 @pytest.fixture()

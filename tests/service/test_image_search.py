@@ -13,6 +13,9 @@ from core.demo import GALLERY_DIR
 from core.encoder import Encoder
 from index.snapshot import Snapshot
 
+# every test that serves a snapshot in-process runs on FAISS and on the same snapshot copied into Milvus Lite
+BOTH_BACKENDS = True
+
 PHOTO_ID = 790
 PHOTO = GALLERY_DIR / "000000000790.jpg"
 

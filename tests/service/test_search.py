@@ -10,6 +10,9 @@ import pytest
 from index.snapshot import Snapshot
 from core.encoder import Encoder, l2_normalize
 
+# every test that serves a snapshot runs on FAISS and on the same snapshot copied into Milvus Lite
+BOTH_BACKENDS = True
+
 
 @pytest.fixture()
 def direct(starter_bundle, demo_snapshot):
