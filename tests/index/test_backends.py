@@ -1,0 +1,272 @@
+"""The two index backends behind one interface: filters against brute force, atomic publication,
+builds that fail or are killed midway, updates and copies between backends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from index.builder import VersionDraft, copy_snapshot, update_snapshot
+from index.faiss_index import IndexSpec
+from index.filters import FilterError, SearchFilter, caption_text, licence_id
+from index.snapshot import BundleRef, FaissStore, SnapshotError
+from index.store import SnapshotStore
+
+BOTH_BACKENDS = True
+REF = BundleRef(name="synthetic", version="1", image_space="test/space")
+WORDS = ["dog", "cat", "beach", "red car", "50% off", "snake_case", 'a "quoted" word', "Ünïcode"]
+
+
+def synthetic(n: int = 3000, dim: int = 32, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = rng.choice(10**9, size=n, replace=False).astype(np.int64)
+    rows = []
+    for i, image_id in enumerate(ids.tolist()):
+        row: dict = {"id": image_id, "path": f"{image_id}.jpg",
+                     "captions": [f"photo {i % 13} of a {WORDS[i % len(WORDS)]}", WORDS[(i * 7) % len(WORDS)].upper()],
+                     "fields": {"colour": ["red", "green", "blue"][i % 3], "year": 2000 + i % 20, "flag": bool(i % 2)}}
+        if i % 11:  # some rows have no licence at all
+            row["license"] = {"id": int(i % 8), "name": f"licence {i % 8}"}
+        rows.append(row)
+    return vectors, ids, rows
+
+
+def make_store(backend: str, tmp_path, request) -> SnapshotStore:
+    return FaissStore(tmp_path / "snap") if backend == "faiss" else request.getfixturevalue("milvus_store")
+
+
+def publish(store: SnapshotStore, vectors, ids, rows, spec: IndexSpec, activate: bool = True):
+    draft = VersionDraft(store.new_version_name(), vectors, ids, rows, {"kind": "synthetic", "root": "/nonexistent"}, {})
+    return store.write_version(draft, REF, spec, queries=vectors[:200], query_source="a sample", activate=activate)
+
+
+def brute_force(vectors, ids, rows, flt: SearchFilter, queries, k):
+    keep = np.ones(len(ids), bool)
+    for i, row in enumerate(rows):
+        if flt.licence is not None and licence_id(row) not in flt.licence:
+            keep[i] = False
+        if flt.caption_contains is not None and flt.caption_contains.lower() not in caption_text(row):
+            keep[i] = False
+        r = flt.id_range
+        if r is not None and not ((r.gte is None or ids[i] >= r.gte) and (r.gt is None or ids[i] > r.gt)
+                                  and (r.lte is None or ids[i] <= r.lte) and (r.lt is None or ids[i] < r.lt)):
+            keep[i] = False
+        for name, value in (flt.fields or {}).items():
+            stored = row["fields"].get(name)
+            if type(stored) is not type(value) or stored != value:
+                keep[i] = False
+    scores = queries @ vectors[keep].T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return ids[keep][order], int(keep.sum())
+
+
+FILTERS = [
+    {"licence": [1, 2]},
+    {"licence": [7]},
+    {"caption_contains": "beach"},
+    {"caption_contains": "50% OFF"},
+    {"caption_contains": "snake_case"},
+    {"caption_contains": 'a "quoted"'},
+    {"caption_contains": "ünïcode"},
+    {"id_range": {"gte": 200_000_000, "lt": 600_000_000}},
+    {"id_range": {"gt": 900_000_000}},
+    {"fields": {"colour": "red"}},
+    {"fields": {"year": 2007, "flag": True}},
+    {"licence": [0, 3, 5], "caption_contains": "photo 1", "fields": {"colour": "blue"}},
+    {"licence": [1], "id_range": {"lte": 1}},  # matches nothing
+]
+
+
+@pytest.mark.parametrize("flt", FILTERS, ids=[str(i) for i in range(len(FILTERS))])
+def test_filtered_search_is_the_exact_top_k_among_matches(backend, tmp_path, request, flt):
+    vectors, ids, rows = synthetic()
+    store = make_store(backend, tmp_path, request)
+    publish(store, vectors, ids, rows, IndexSpec(type="flat"))
+    snap = store.load(image_space=REF.image_space)
+    flt = SearchFilter.model_validate(flt)
+    queries = vectors[:5] * 0.5 + vectors[5:10] * 0.5
+    got_scores, got = snap.filtered(flt).search_ids(queries, 10)
+    want, matching = brute_force(vectors, ids, rows, flt, queries, 10)
+    for row_got, row_want in zip(got, want):
+        assert row_got[row_got >= 0].tolist() == row_want.tolist()
+    assert (got >= 0).sum(axis=1).tolist() == [min(10, matching)] * len(queries)
+    assert snap.filtered(flt) is snap.filtered(SearchFilter.model_validate(flt.model_dump()))  # equal filters: one view
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf_flat"])
+def test_filters_on_approximate_indexes_search_only_matches(backend, tmp_path, request, kind):
+    """Few matches: an exact scan of them (FAISS); many: the ANN searched with an id selector, or
+    Milvus' own filtered search. Either way every result matches and recall stays high."""
+    from index import snapshot as faiss_snapshot
+
+    vectors, ids, rows = synthetic(n=4000)
+    store = make_store(backend, tmp_path, request)
+    publish(store, vectors, ids, rows, IndexSpec(type=kind, nprobe=80, ef_search=256))
+    snap = store.load(image_space=REF.image_space)
+    queries = vectors[100:120]
+    for flt in (SearchFilter(licence=[3]), SearchFilter(fields={"colour": "green"}), SearchFilter(caption_contains="photo")):
+        if backend == "faiss":  # push the FAISS path past the small-match scan onto the selector
+            request.getfixturevalue("monkeypatch").setattr(faiss_snapshot, "SMALL_MATCH", 100)
+            snap._filters.clear()
+        _, got = snap.filtered(flt).search_ids(queries, 10)
+        want, _ = brute_force(vectors, ids, rows, flt, queries, 10)
+        allowed = set(brute_force(vectors, ids, rows, flt, queries[:1], len(ids))[0][0].tolist())
+        assert set(got[got >= 0].tolist()) <= allowed
+        recall = np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got.tolist(), want.tolist())])
+        assert recall >= 0.9, (flt, recall)
+
+
+def test_malformed_filters_name_the_part(backend, tmp_path, request):
+    vectors, ids, rows = synthetic(n=200)
+    store = make_store(backend, tmp_path, request)
+    publish(store, vectors, ids, rows, IndexSpec(type="flat"))
+    snap = store.load()
+    with pytest.raises(FilterError) as err:
+        snap.filtered(SearchFilter(fields={"color": "red"}))  # a misspelt user field
+    assert err.value.field == "filter.fields.color" and "colour" in str(err.value)
+    assert sorted(snap.user_fields) == ["colour", "flag", "year"]
+    for bad in ({}, {"licence": []}, {"licence": ["1"]}, {"caption_contains": " "}, {"id_range": {}},
+                {"id_range": {"gt": 1, "gte": 2}}, {"fields": {"bad name": 1}}, {"fields": {"x": [1]}},
+                {"fields": {"x": float("nan")}}, {"licence": [2**63]}, {"unknown": 1}):
+        with pytest.raises(ValidationError):
+            SearchFilter.model_validate(bad)
+
+
+def test_publication_is_atomic_and_a_failed_build_leaves_nothing(backend, tmp_path, request, monkeypatch):
+    vectors, ids, rows = synthetic(n=5000)
+    store = make_store(backend, tmp_path, request)
+    _, first = publish(store, vectors[:100], ids[:100], rows[:100], IndexSpec(type="flat"))
+    before = store.current_version()
+    assert before == first.version and store.versions() == [before]
+
+    # a version written without activation is published but not current
+    _, second = publish(store, vectors[:200], ids[:200], rows[:200], IndexSpec(type="flat"), activate=False)
+    assert store.current_version() == before and store.versions() == [before, second.version]
+    store.activate(second.version)
+    assert store.current_version() == second.version and len(store.load()) == 200
+    store.activate(before)
+
+    # a build that fails midway (after some rows went in) leaves no trace and never becomes current
+    if backend == "milvus":
+        from index import milvus_store
+
+        original = milvus_store.MilvusStore._insert
+
+        def fail_midway(self, name, ids_, vectors_, metadata, on_rows=None):
+            original(self, name, ids_[:2000], vectors_[:2000], metadata[:2000])
+            raise RuntimeError("the database went away mid-build")
+
+        monkeypatch.setattr(milvus_store.MilvusStore, "_insert", fail_midway)
+        names_before = set(store.client.list_collections())
+    else:
+        from index import snapshot as faiss_snapshot
+
+        def fail_midway(*args, **kwargs):
+            raise RuntimeError("the disk filled up mid-build")
+
+        monkeypatch.setattr(faiss_snapshot, "write_snapshot_files", fail_midway)
+    with pytest.raises(RuntimeError, match="mid-build"):
+        publish(store, vectors, ids, rows, IndexSpec(type="flat"))
+    assert store.current_version() == before and store.versions() == [before, second.version]
+    if backend == "milvus":
+        assert set(store.client.list_collections()) == names_before
+    else:
+        assert not list((tmp_path / "snap" / "versions").glob(".tmp-*"))
+    snap = store.load()
+    assert snap.version == before and len(snap) == 100
+    assert snap.search_ids(vectors[:1], 1)[1][0, 0] == ids[0]
+
+
+KILLED_BUILD = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, {root!r})
+    from index.milvus_store import MilvusStore
+    from index.builder import VersionDraft
+    from index.faiss_index import IndexSpec
+    from index.snapshot import BundleRef
+    from index import milvus_store
+    store = MilvusStore({uri!r}, prefix={prefix!r})
+    original = milvus_store.MilvusStore._insert
+    def slow(self, name, ids, vectors, metadata, on_rows=None):
+        print("inserting", flush=True)
+        original(self, name, ids[:1000], vectors[:1000], metadata[:1000])
+        print("inserted", flush=True)
+        import time; time.sleep(600)
+    milvus_store.MilvusStore._insert = slow
+    rng = np.random.default_rng(1)
+    v = rng.standard_normal((5000, 32)).astype(np.float32); v /= np.linalg.norm(v, axis=1, keepdims=True)
+    ids = np.arange(5000, dtype=np.int64)
+    draft = VersionDraft(store.new_version_name(), v, ids, [{{"id": int(i)}} for i in ids], {{}}, {{}})
+    store.write_version(draft, BundleRef(name="b", version="1", image_space="test/space"), IndexSpec(type="flat"),
+                        queries=v[:10], query_source="x")
+""")
+
+
+def test_a_build_killed_midway_never_becomes_current(milvus_server, tmp_path):
+    """kill -9 of a process building into Milvus (a server: another process can look meanwhile): the
+    alias still names the old version, and the next store to open removes the half-built collection."""
+    from index.milvus_store import MilvusStore
+
+    store = MilvusStore(milvus_server["uri"], prefix="killed")
+    vectors, ids, rows = synthetic(n=300)
+    _, first = publish(store, vectors, ids, rows, IndexSpec(type="flat"))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = KILLED_BUILD.format(root=root, uri=milvus_server["uri"], prefix="killed")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.stdout.readline().strip() != "inserted":
+            assert proc.poll() is None, proc.stdout.read()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    half_built = [n for n in store.client.list_collections() if n.startswith("killed_v0002")]
+    assert half_built, "the build never created its collection"
+    assert store.current_version() == first.version and store.versions() == [first.version]
+    assert len(store.load()) == 300
+
+    removed = MilvusStore(milvus_server["uri"], prefix="killed").clean_stale()
+    assert removed and not [n for n in store.client.list_collections() if n.startswith("killed_v0002")]
+    assert store.current_version() == first.version
+
+
+def test_update_and_copy_between_backends(backend, tmp_path, request, starter_encoder, shared_data):
+    """Add and remove images on either backend, then copy the result to the other backend: same
+    vectors, same metadata, same answers."""
+    from index.builder import build_snapshot
+
+    store = make_store(backend, tmp_path, request)
+    build_snapshot(shared_data / "coco-mini/captions_val2017.json", starter_encoder, store, progress=False)
+    base = store.load(image_space=starter_encoder.image_space)
+    some = [int(i) for i in list(base.metadata_of(base.search_ids(starter_encoder.encode_text(["a dog"]), 3)[1][0]))]
+    removed = update_snapshot(store, starter_encoder, remove=some[:2], progress=False)
+    after = store.load(image_space=starter_encoder.image_space)
+    assert after.version == removed.manifest.version and after.manifest.parent == base.version
+    assert len(after) == len(base) - 2 and not after.metadata_of(some[:2]) and after.metadata_of(some[2:])
+    with pytest.raises(SnapshotError, match="not in snapshot"):
+        update_snapshot(store, starter_encoder, remove=[123], progress=False)
+
+    other = request.getfixturevalue("milvus_store") if backend == "faiss" else FaissStore(tmp_path / "copy")
+    copied = copy_snapshot(after, other)
+    twin = other.load(image_space=starter_encoder.image_space)
+    assert copied.manifest.backend == other.backend and len(twin) == len(after)
+    queries = starter_encoder.encode_text(["a dog on a beach", "a plate of food", "a train"])
+    assert np.array_equal(twin.search_ids(queries, 10)[1], after.search_ids(queries, 10)[1])
+    ids = [int(i) for i in after.search_ids(queries, 5)[1].ravel()]
+    assert twin.metadata_of(ids) == after.metadata_of(ids)
+    assert np.allclose(twin.vectors_of(ids), after.vectors_of(ids))
+    flt = SearchFilter(caption_contains="a", licence=[1, 2, 3, 4, 5, 6])
+    assert np.array_equal(twin.filtered(flt).search_ids(queries, 10)[1], after.filtered(flt).search_ids(queries, 10)[1])
