@@ -37,10 +37,10 @@ class FilterError(UserError):
 class IdRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gte: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    gt: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    lte: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    lt: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    gte: StrictInt | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    gt: StrictInt | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    lte: StrictInt | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    lt: StrictInt | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _one_bound(self) -> IdRange:

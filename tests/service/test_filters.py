@@ -1,0 +1,123 @@
+"""Metadata filters through the API, on FAISS and on Milvus Lite: the top k among matching images,
+the same answers as a brute-force computation, consistency and expansion inside the filter, and a
+4xx naming the part of a malformed filter."""
+
+import numpy as np
+import pytest
+
+from core.encoder import Encoder
+from index.filters import SearchFilter, caption_text, licence_id
+from index.snapshot import Snapshot
+
+BOTH_BACKENDS = True
+
+
+@pytest.fixture()
+def direct(starter_bundle, demo_snapshot):
+    return Encoder(starter_bundle), Snapshot.load(demo_snapshot)
+
+
+def matching(snap: Snapshot, flt: dict) -> np.ndarray:
+    f = SearchFilter.model_validate(flt)
+    keep = []
+    for i in snap.ids.tolist():
+        row = snap.metadata[i]
+        ok = (f.licence is None or licence_id(row) in f.licence) and \
+             (f.caption_contains is None or f.caption_contains.lower() in caption_text(row)) and \
+             (f.id_range is None or ((f.id_range.gte is None or i >= f.id_range.gte) and (f.id_range.lt is None or i < f.id_range.lt)))
+        keep.append(ok)
+    return np.array(keep)
+
+
+def brute_force(direct, text: str, flt: dict, k: int) -> list[int]:
+    enc, snap = direct
+    keep = matching(snap, flt)
+    vectors = np.asarray(snap.vectors())[keep]
+    scores = vectors @ enc.encode_text([text])[0]
+    return snap.ids[keep][np.argsort(-scores, kind="stable")[:k]].tolist()
+
+
+@pytest.mark.parametrize("flt", [
+    {"licence": [5]},  # the demo gallery's photos carry licences 4 and 5
+    {"caption_contains": "dog"},
+    {"id_range": {"gte": 100000, "lt": 400000}},
+    {"licence": [4, 5, 6], "caption_contains": "a", "id_range": {"gte": 200000}},
+])
+def test_filtered_search_is_the_top_k_among_matching_images(client, direct, flt):
+    r = client.post("/v1/search", json={"query": "a dog on a beach", "k": 8, "filter": flt})
+    assert r.status_code == 200, r.text
+    got = [x["id"] for x in r.json()["results"]]
+    assert got == brute_force(direct, "a dog on a beach", flt, 8)
+    assert 0 < len(got)  # the demo gallery has matches for each
+    unfiltered = [x["id"] for x in client.post("/v1/search", json={"query": "a dog on a beach", "k": 8}).json()["results"]]
+    if flt == {"licence": [5]}:
+        assert got != unfiltered  # a filter that changes the answer, not one the top 8 already met
+
+
+def test_a_filter_matching_nothing_answers_an_empty_list(client):
+    r = client.post("/v1/search", json={"query": "a dog", "filter": {"caption_contains": "no caption says this"}})
+    assert r.status_code == 200 and r.json()["results"] == []
+
+
+def test_consistency_and_expansion_stay_inside_the_filter(client, direct):
+    flt = {"licence": [5]}
+    _, snap = direct
+    allowed = set(snap.ids[matching(snap, flt)].tolist())
+    r = client.post("/v1/search", json={"query": "a man riding a horse", "k": 5, "filter": flt,
+                                        "consistency": {"paraphrases": ["a person on horseback", "horse rider"], "k": 10}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert {x["id"] for x in body["results"]} <= allowed
+    assert set(body["consistency"]["ids"]) <= allowed
+    for report in body["consistency"]["paraphrases"]:
+        assert report["ids"] and set(report["ids"]) <= allowed
+    prf = client.post("/v1/search", json={"query": "a red bus", "k": 5, "filter": flt, "expansion": {"method": "prf", "m": 3}})
+    assert prf.status_code == 200 and {x["id"] for x in prf.json()["results"]} <= allowed
+    wordnet = client.post("/v1/search", json={"query": "a red bus", "k": 5, "filter": flt, "expansion": {"method": "wordnet"}})
+    assert wordnet.status_code == 200 and {x["id"] for x in wordnet.json()["results"]} <= allowed
+
+
+def test_more_like_this_and_image_queries_take_a_filter(client, direct):
+    from core.demo import GALLERY_DIR
+
+    flt = {"licence": [4]}
+    _, snap = direct
+    allowed = set(snap.ids[matching(snap, flt)].tolist())
+    similar = client.post("/v1/search/similar", json={"id": 790, "k": 5, "filter": flt})
+    assert similar.status_code == 200 and {x["id"] for x in similar.json()["results"]} <= allowed
+    upload = client.post("/v1/search/image", files={"image": ("p.jpg", (GALLERY_DIR / "000000000790.jpg").read_bytes(), "image/jpeg")},
+                         data={"k": "5", "filter": '{"licence": [4]}'})
+    assert upload.status_code == 200 and {x["id"] for x in upload.json()["results"]} <= allowed
+    bad = client.post("/v1/search/image", files={"image": ("p.jpg", b"x", "image/jpeg")}, data={"filter": "{nope"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "filter"]
+
+
+def test_filters_are_part_of_the_cache_key(client):
+    a = client.post("/v1/search", json={"query": "a train", "k": 5, "filter": {"licence": [4]}}).json()
+    b = client.post("/v1/search", json={"query": "a train", "k": 5, "filter": {"licence": [5]}}).json()
+    assert b["cache"] == "miss" and a["results"] and b["results"] and a["results"] != b["results"]
+    again = client.post("/v1/search", json={"query": "a train", "k": 5, "filter": {"licence": [4]}}).json()
+    assert again["cache"] == "hit" and again["results"] == a["results"]
+
+
+@pytest.mark.parametrize("flt, loc", [
+    ({}, ["body", "filter"]),
+    ({"licence": []}, ["body", "filter", "licence"]),
+    ({"licence": ["cc-by"]}, ["body", "filter", "licence", 0]),
+    ({"caption_contains": ""}, ["body", "filter", "caption_contains"]),
+    ({"caption_contains": "x" * 201}, ["body", "filter", "caption_contains"]),
+    ({"id_range": {}}, ["body", "filter", "id_range"]),
+    ({"id_range": {"gte": "1"}}, ["body", "filter", "id_range", "gte"]),
+    ({"fields": {"bad name": 1}}, ["body", "filter", "fields"]),
+    ({"fields": {"colour": "red"}}, ["body", "filter", "fields", "colour"]),  # the demo has no user fields
+    ({"licence": [1], "where": "1 == 1"}, ["body", "filter", "where"]),
+])
+def test_malformed_or_unsupported_filters_name_the_field(client, flt, loc):
+    r = client.post("/v1/search", json={"query": "a dog", "filter": flt})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+
+
+def test_info_names_the_backend(client, backend):
+    info = client.get("/v1/info").json()["snapshot"]
+    assert info["backend"] == backend and info["device"] in (("cpu", "gpu") if backend == "faiss" else ("milvus",))
