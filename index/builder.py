@@ -246,24 +246,29 @@ def build_snapshot(
     src = source if isinstance(source, ImageSource) else open_source(source, image_root)
     store = as_store(out_root)
     store.clean_stale()
-    start = time.perf_counter()
-    vectors, kept, sizes, skipped = embed_records(
-        encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress,
-        on_progress=on_progress,
-    )
-    seconds = time.perf_counter() - start
-    skipped = src.rejected + skipped
-    if not kept:
-        raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
-    ids = np.array([r.id for r in kept], dtype=np.int64)
-    report = {
-        "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
-        "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
-    }
-    provenance = {"kind": src.kind, "root": str(src.root.resolve()),
-                  "annotations": str(src.annotations.resolve()) if src.annotations else None}
-    draft = VersionDraft(store.new_version_name(), vectors, ids, _metadata(kept, sizes), provenance, report)
-    where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
+    version = store.begin_version()
+    try:
+        start = time.perf_counter()
+        vectors, kept, sizes, skipped = embed_records(
+            encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress,
+            on_progress=on_progress,
+        )
+        seconds = time.perf_counter() - start
+        skipped = src.rejected + skipped
+        if not kept:
+            raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
+        ids = np.array([r.id for r in kept], dtype=np.int64)
+        report = {
+            "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
+            "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
+        }
+        provenance = {"kind": src.kind, "root": str(src.root.resolve()),
+                      "annotations": str(src.annotations.resolve()) if src.annotations else None}
+        draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
+        where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
+    except BaseException:
+        store.abort_version(version)  # nothing half-written stays behind; current untouched
+        raise
     return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
 
 

@@ -273,6 +273,21 @@ class MilvusStore(SnapshotStore):
         return removed
 
     # -- writing a version ------------------------------------------------------------------------
+    def begin_version(self) -> str:
+        with self._lock:
+            version = self.new_version_name()
+            owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+            self._put(version, "building", owner)
+        return version
+
+    def abort_version(self, version: str) -> None:
+        try:
+            rows = self.client.query(self.manifests, filter=f'version == "{version}"', output_fields=["state"])
+            if rows and rows[0]["state"] == "building":
+                self._drop(version)
+        except self.errors as exc:
+            log.warning("could not remove the failed build %s (the next build removes it): %s", version, _reason(exc))
+
     def _create(self, name: str, dim: int, kind: str, build: dict) -> None:
         from pymilvus import DataType
 
@@ -305,7 +320,8 @@ class MilvusStore(SnapshotStore):
         metadata = draft.metadata if len(draft.metadata) == count else [{"id": int(i)} for i in draft.ids]
         owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
         try:
-            self._put(draft.version, "building", owner)
+            if not self.client.query(self.manifests, filter=f'version == "{draft.version}"', output_fields=["state"]):
+                self._put(draft.version, "building", owner)  # not begun with begin_version
             self._create(name, dim, kind, build)
             self._insert(name, draft.ids, draft.vectors, metadata)
             self.client.flush(name)
@@ -394,7 +410,8 @@ class MilvusSnapshot(SearchableSnapshot):
         try:
             return fn(*args, **kwargs)
         except self.store.errors as first:
-            if "not loaded" in str(first).lower():
+            message = str(first).lower()
+            if "not loaded" in message or "released" in message or "load()" in message:
                 try:
                     self.store.client.load_collection(self.collection)
                     return fn(*args, **kwargs)

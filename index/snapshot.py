@@ -436,11 +436,22 @@ class FaissStore(SnapshotStore):
     def new_version_name(self) -> str:
         return new_version_name(self.root)
 
+    def begin_version(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        version = new_version_name(self.root)
+        staging_dir(self.root, version)
+        return version
+
+    def abort_version(self, version: str) -> None:
+        shutil.rmtree(self.root / VERSIONS / f"{STAGING_PREFIX}{version}", ignore_errors=True)
+
     def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
         from index.builder import build_faiss_index, measure_recall  # the builder imports this module
 
         self.root.mkdir(parents=True, exist_ok=True)
-        stage = staging_dir(self.root, draft.version)
+        stage = self.root / VERSIONS / f"{STAGING_PREFIX}{draft.version}"
+        if not stage.is_dir():  # not begun with begin_version
+            stage = staging_dir(self.root, draft.version)
         try:
             if index is None:
                 spec, index = build_faiss_index(spec, draft.vectors, draft.ids)

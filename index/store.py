@@ -172,6 +172,16 @@ class SnapshotStore(ABC):
     @abstractmethod
     def new_version_name(self) -> str: ...
 
+    @abstractmethod
+    def begin_version(self) -> str:
+        """Reserve a new version's name and record that a build of it is under way (a FAISS staging
+        folder, a Milvus ``building`` row): from here on, a build that dies leaves something that
+        ``clean_stale`` recognises, and nothing that can become current."""
+
+    @abstractmethod
+    def abort_version(self, version: str) -> None:
+        """Remove what a failed build of ``version`` wrote (never a published version)."""
+
     def close(self) -> None:
         """Release connections (the FAISS store holds none)."""
         return None

@@ -58,6 +58,13 @@ def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path, backend,
     return make
 
 
+def milvus_env(uri: str, snapshot: Path) -> dict:
+    """PARASEEK_* variables of a server that serves a copy of ``snapshot`` from Milvus at ``uri``."""
+    settings = milvus_settings(uri, snapshot)
+    return {"PARASEEK_INDEX_BACKEND": "milvus", "PARASEEK_MILVUS_URI": uri,
+            "PARASEEK_MILVUS_COLLECTION": settings["milvus_collection"]}
+
+
 def milvus_settings(uri: str, snapshot: Path) -> dict:
     """Settings serving a copy of a FAISS snapshot's current version from a fresh Milvus collection prefix."""
     from index.builder import copy_snapshot

@@ -5,8 +5,10 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from tests.service.conftest import ADMIN_TOKEN
+from tests.conftest import BACKENDS
+from tests.service.conftest import ADMIN_TOKEN, milvus_env
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -29,8 +31,11 @@ def test_redis_cache_and_redis_killed_mid_run(uvicorn_server, demo_snapshot, red
         assert errors and errors[0] >= 1
 
 
-def test_reindex_swap_under_concurrent_queries(uvicorn_server, snapshot_copy, shared_data):
-    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reindex_swap_under_concurrent_queries(uvicorn_server, snapshot_copy, shared_data, backend, request):
+    """No query fails while a reindex builds and swaps: on FAISS, and on Milvus (a server process)."""
+    env = {} if backend == "faiss" else milvus_env(request.getfixturevalue("milvus_server")["uri"], snapshot_copy)
+    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data, **env)
     failures, answered, versions = [], [0], set()
     stop = threading.Event()
 
@@ -69,6 +74,8 @@ def test_reindex_swap_under_concurrent_queries(uvicorn_server, snapshot_copy, sh
     assert failures == []
     assert answered[0] > 20
     assert before in versions and job["snapshot_version"] in versions
+    with httpx.Client(base_url=url, timeout=30) as c:
+        assert c.get("/v1/info").json()["snapshot"]["backend"] == backend
 
 
 def test_structured_logs_carry_request_ids(uvicorn_server, demo_snapshot, tmp_path):
@@ -105,4 +112,50 @@ def test_kill_9_during_reindex_leaves_nothing_behind(uvicorn_server, snapshot_co
     with httpx.Client(base_url=url, timeout=30) as c:
         job = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH)
         assert job.status_code == 200 and job.json()["state"] == "failed" and "interrupted" in job.json()["error"]
+        assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == before
+
+
+def test_milvus_outage_is_a_503_and_the_service_recovers(uvicorn_server, demo_snapshot, milvus_server):
+    url = uvicorn_server(demo_snapshot, **milvus_env(milvus_server["uri"], demo_snapshot), PARASEEK_MILVUS_TIMEOUT_S=2)
+    with httpx.Client(base_url=url, timeout=30) as c:
+        ok = c.post("/v1/search", json={"query": "a dog on a beach", "k": 5})
+        assert ok.status_code == 200 and ok.json()["results"]
+        milvus_server["stop"]()  # kill -9 of the database
+        down = c.post("/v1/search", json={"query": "a cat on a sofa", "k": 5})
+        assert down.status_code == 503, down.text
+        detail = down.json()["detail"][0]
+        assert detail["loc"] == ["index"] and "milvus" in detail["msg"] and "unavailable" in detail["msg"]
+        assert down.headers["retry-after"] and milvus_server["uri"] not in down.text
+        assert c.get("/healthz").status_code == 200  # the process itself lives on
+        milvus_server["start"]()
+        deadline, status = time.time() + 60, None
+        while time.time() < deadline and status != 200:
+            r = c.post("/v1/search", json={"query": "a cat on a sofa", "k": 5})
+            status = r.status_code
+            time.sleep(0.3)
+        assert status == 200 and r.json()["results"]
+
+
+def test_kill_9_during_a_milvus_reindex_leaves_the_alias_and_nothing_behind(uvicorn_server, snapshot_copy, shared_data,
+                                                                             milvus_server):
+    from index.milvus_store import MilvusStore
+
+    env = milvus_env(milvus_server["uri"], snapshot_copy)
+    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data, **env)
+    store = MilvusStore(milvus_server["uri"], prefix=env["PARASEEK_MILVUS_COLLECTION"])
+    before = store.current_version()
+    with httpx.Client(base_url=url, timeout=30) as c:
+        c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json")}, headers=AUTH)
+        deadline = time.time() + 60
+        while time.time() < deadline and not [r for r in store._rows("building")]:
+            time.sleep(0.05)
+        assert store._rows("building"), "the build never started"
+    proc = uvicorn_server.procs[-1]
+    proc.kill()
+    proc.wait()
+    assert store._rows("building") and store.current_version() == before
+
+    url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data, **env)
+    assert not store._rows("building") and store.versions() == [before] and store.current_version() == before
+    with httpx.Client(base_url=url, timeout=30) as c:
         assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == before
