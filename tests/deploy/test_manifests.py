@@ -21,14 +21,14 @@ def render(overlay: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+@pytest.mark.parametrize("overlay", ["cpu", "gpu", "milvus"])
 def test_overlays_render_and_validate(overlay):
     import kubernetes_validate
 
     docs = render(overlay)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Deployment",
-                            "Service", "Service", "HorizontalPodAutoscaler"])
+                            "Service", "Service", "HorizontalPodAutoscaler"] + (["Secret"] if overlay == "milvus" else []))
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -61,6 +61,41 @@ def test_gpu_overlay_requests_a_gpu():
     assert c["image"].endswith(":gpu-0.1.0")
 
 
+def test_milvus_overlay_points_the_api_at_milvus():
+    from core.settings import Settings
+
+    docs = render("milvus")
+    cfg = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    assert cfg["PARASEEK_INDEX_BACKEND"] == "milvus" and cfg["PARASEEK_MILVUS_URI"].startswith("http://")
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "paraseek-milvus")
+    api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
+    env_from = api["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+    assert {"secretRef": {"name": "paraseek-milvus"}} in env_from
+    names = {f"PARASEEK_{name.upper()}" for name in Settings.model_fields}
+    assert set(cfg) <= names and set(secret["stringData"]) <= names
+    # the settings the overlay sets are what the service reads
+    settings = Settings(**{k.removeprefix("PARASEEK_").lower(): v for k, v in cfg.items()
+                           if k in ("PARASEEK_INDEX_BACKEND", "PARASEEK_MILVUS_URI", "PARASEEK_MILVUS_COLLECTION")})
+    assert settings.index_backend == "milvus" and settings.milvus_location == cfg["PARASEEK_MILVUS_URI"]
+
+
+def test_compose_milvus_profile_is_pinned_and_wired():
+    compose = shutil.which("docker-compose")
+    if compose is None:
+        pytest.fail("docker-compose is not installed (install.sh installs Debian's package)")
+    out = subprocess.run([compose, "-f", str(DEPLOY / "docker-compose.yml"), "--profile", "milvus", "config"],
+                         capture_output=True, text=True, cwd=ROOT, env={"PARASEEK_INDEX_BACKEND": "milvus", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    assert {"milvus", "milvus-etcd", "milvus-minio"} <= set(services)
+    for name in ("milvus", "milvus-etcd", "milvus-minio"):
+        image = services[name]["image"]
+        assert ":" in image and not image.endswith(":latest"), image  # pinned
+        assert not services[name].get("ports")  # reachable from the API only
+    api = services["api"]["environment"]
+    assert api["PARASEEK_INDEX_BACKEND"] == "milvus" and api["PARASEEK_MILVUS_URI"] == "http://milvus:19530"
+
+
 def test_compose_config_is_valid():
     compose = shutil.which("docker-compose")
     if compose is None:
@@ -69,7 +104,10 @@ def test_compose_config_is_valid():
                          text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     services = yaml.safe_load(out.stdout)["services"]
-    assert set(services) == {"api", "redis", "locust-master", "locust-worker"}
+    # the default stack; Milvus and its dependencies start only with --profile milvus
+    assert {n for n, svc in services.items() if not svc.get("profiles")} == {"api", "redis", "locust-master", "locust-worker"}
+    assert {n for n, svc in services.items() if svc.get("profiles") == ["milvus"]} == {"milvus", "milvus-etcd", "milvus-minio"}
+    assert services["api"]["environment"]["PARASEEK_INDEX_BACKEND"] == "faiss"
     assert services["api"]["environment"]["PARASEEK_REDIS_URL"].startswith("redis://redis:")
     # nothing published beyond loopback
     for svc in services.values():
