@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import typer
@@ -43,7 +43,7 @@ COLLECTION_HELP = "Milvus collection prefix (default: PARASEEK_MILVUS_COLLECTION
 def open_cli_store(backend: str | None, root: Path | None, uri: str | None, collection: str | None) -> SnapshotStore:
     """The store a command works on: --backend with --out/--snapshot (faiss) or --uri/--collection (milvus),
     each defaulting to the settings."""
-    updates = {k: v for k, v in (("index_backend", backend), ("milvus_uri", uri), ("milvus_collection", collection)) if v}
+    updates: dict[str, Any] = {k: v for k, v in (("index_backend", backend), ("milvus_uri", uri), ("milvus_collection", collection)) if v}
     try:
         settings = Settings(**updates)
     except ValidationError as exc:

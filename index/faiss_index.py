@@ -200,11 +200,17 @@ def use_blas_for(n_queries: int) -> None:
 def search_parameters(spec: IndexSpec, selector) -> faiss.SearchParameters:
     """Per-call search parameters restricting a search to the ids ``selector`` accepts (IndexIDMap
     translates it to its rows), with the spec's nprobe / efSearch."""
+    params: faiss.SearchParameters
     if spec.type == "hnsw":
-        return faiss.SearchParametersHNSW(sel=selector, efSearch=spec.ef_search)
-    if spec.type in ("ivf_flat", "ivf_pq"):
-        return faiss.SearchParametersIVF(sel=selector, nprobe=spec.nprobe)
-    return faiss.SearchParameters(sel=selector)
+        params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # missing from faiss' stubs
+        params.efSearch = spec.ef_search  # type: ignore[attr-defined]
+    elif spec.type in ("ivf_flat", "ivf_pq"):
+        params = faiss.SearchParametersIVF()
+        params.nprobe = spec.nprobe
+    else:
+        params = faiss.SearchParameters()
+    params.sel = selector
+    return params
 
 
 def search(index: faiss.Index, spec: IndexSpec, queries: np.ndarray, k: int,

@@ -253,7 +253,7 @@ class FilteredSnapshot:
     def __init__(self, snapshot: Snapshot, rows: np.ndarray):
         self.snapshot = snapshot
         self.rows = rows  # sorted row numbers of the matching images
-        self._params = None
+        self._params: faiss.SearchParameters | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
