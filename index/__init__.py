@@ -1,9 +1,13 @@
-"""paraseek index: embed an image collection with a bundle's image tower into versioned FAISS snapshots.
+"""paraseek index: embed an image collection with a bundle's image tower into versioned snapshots,
+kept by one of two backends behind ``index.store.SnapshotStore``: FAISS snapshot folders (the
+default) or Milvus collections.
 
-Runs on onnxruntime, faiss and numpy (no torch). The service uses ``Snapshot.load`` and ``search``.
+Runs on onnxruntime, faiss and numpy (no torch); pymilvus only when the Milvus backend is used. The
+service uses ``store_from_settings(...).load(...)`` and the loaded version's ``search_ids``/``filtered``.
 """
 
 from index.faiss_index import IndexSpec
 from index.snapshot import Snapshot, SnapshotError
+from index.store import SearchableSnapshot, SnapshotStore, store_from_settings
 
-__all__ = ["IndexSpec", "Snapshot", "SnapshotError"]
+__all__ = ["IndexSpec", "SearchableSnapshot", "Snapshot", "SnapshotError", "SnapshotStore", "store_from_settings"]

@@ -136,6 +136,10 @@ class MilvusStore(SnapshotStore):
         return f"Milvus at {redact(self.uri)}, collection {self.prefix}"
 
     def close(self) -> None:
+        if is_lite(self.uri):
+            # Milvus Lite's in-process server is shared by every client of the file and stops at exit;
+            # closing it here would strand the next client of the same file on a dead port
+            return
         try:
             self.client.close()
         except self.errors:

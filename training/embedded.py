@@ -15,8 +15,10 @@ from core.bundle import read_manifest
 from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
+from index.builder import copy_snapshot
 from index.demo import build_demo_snapshot
-from index.snapshot import current_version
+from index.snapshot import Snapshot, current_version
+from index.store import store_from_settings
 from paraphrase.caption_bank import bank_dir, default_bank
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,15 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
         if need_bank:
             log.warning("embedding the caption bank into %s ...", bank)
             default_bank(settings.home, encoder)
+    if settings.index_backend == "milvus":
+        # the demo gallery served from Milvus: its vectors copied over once, not re-encoded
+        store = store_from_settings(settings)
+        try:
+            if rebuild or store.current_version() is None:
+                log.warning("copying the demo gallery into %s ...", store.describe())
+                copy_snapshot(Snapshot.load(snap_root), store)
+        finally:
+            store.close()
     return bundle, snap_root
 
 

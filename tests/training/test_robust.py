@@ -112,6 +112,18 @@ def test_embedded_default_serves_the_robust_starter(tmp_path, monkeypatch):
     monkeypatch.setenv("PARASEEK_STARTER", "plain")
     assert Settings().bundle_dir == tmp_path / "home/bundles/starter"  # the plain starter stays selectable
 
+    # with PARASEEK_INDEX_BACKEND=milvus the demo gallery is served from Milvus Lite under the home folder
+    monkeypatch.setenv("PARASEEK_STARTER", "robust")
+    monkeypatch.setenv("PARASEEK_INDEX_BACKEND", "milvus")
+    milvus = Settings()
+    ensure_embedded_default(milvus, progress=False, with_bank=False)
+    from index.store import store_from_settings
+
+    store = store_from_settings(milvus)
+    assert milvus.milvus_location == str(tmp_path / "home/milvus/paraseek.db")
+    served = store.load(image_space=read_manifest(bundle).image_space)
+    assert served.backend == "milvus" and len(served) == 76
+
 
 def test_train_flags_need_robust(tmp_path):
     from typer.testing import CliRunner
