@@ -292,11 +292,7 @@ def update_snapshot(
     store = as_store(root)
     base = store.load(image_space=encoder.image_space)
     m = base.manifest
-    parts = list(base.iter_contents())
-    vectors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m.dim), np.float32)
-    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-    metadata = [row for p in parts for row in p[2]]
-    del parts
+    ids, vectors, metadata = base.contents()
     skipped: list[dict] = []
     added = 0
     if remove:
@@ -541,11 +537,7 @@ def copy_snapshot(source: SearchableSnapshot, store: SnapshotStore, *, spec: Ind
     type is the source's unless ``spec`` is given; recall is measured on caption queries when an
     ``encoder`` aligned to the snapshot is given, else on a sample of the vectors."""
     m = source.manifest
-    parts = list(source.iter_contents())
-    vectors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, m.dim), np.float32)
-    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-    metadata = [row for p in parts for row in p[2]]
-    del parts
+    ids, vectors, metadata = source.contents()
     if len(ids) == 0:
         raise BuildError(f"snapshot {m.version} is empty: nothing to copy")
     store.clean_stale()

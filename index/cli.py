@@ -134,9 +134,11 @@ def build_cmd(
         unit = "images"
     m = result.manifest
     console.print(
-        f"published {m.version} ({store.describe()}): {m.count} {unit}, index {m.index.type}, "
-        f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else "")
+        f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
+        f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""),
+        soft_wrap=True,
     )
+    console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
     if m.tuning is not None:
         t = m.tuning
         console.print(f"tuned for recall@10 >= {t['target_recall']} on {t['tuning_queries']} queries ({t['queries']}): "
@@ -201,8 +203,9 @@ def copy_cmd(
     encoder = load_encoder(bundle) if bundle else None
     result = copy_snapshot(source, store, spec=spec, encoder=encoder, target_recall=target_recall)
     m = result.manifest
-    console.print(f"published {m.version} ({store.describe()}): {m.count} vectors from {source.version}, index {m.index.type}"
-                  + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""))
+    console.print(f"published {m.version}: {m.count} vectors from {source.version}, index {m.index.type}"
+                  + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""), soft_wrap=True)
+    console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
 
 
 @app.command("info")

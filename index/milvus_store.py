@@ -50,6 +50,8 @@ RECALL_QUERIES = 1000
 STALE_AFTER_S = 6 * 3600
 METADATA_CACHE = 100_000  # metadata rows kept per loaded version (rows of a version never change)
 FILTER_CACHE = 256
+CONNECT_ATTEMPTS = 3
+TRANSIENT = ("too many pings", "goaway", "unavailable", "fail connecting", "connection reset")
 VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -125,11 +127,20 @@ class MilvusStore(SnapshotStore):
             # Milvus Lite's in-process gRPC server logs a traceback for the optional AllocTimestamp call
             # that pymilvus' query iterator tries first (and then does without)
             logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
-        try:
-            self.client = pymilvus.MilvusClient(uri=uri, token=token or "", timeout=timeout_s)
-            self._ensure_manifests()
-        except self.errors as exc:
-            raise IndexUnavailable(f"Milvus at {redact(uri)} is unavailable: {_reason(exc)}") from exc
+        options = {}
+        if is_lite(uri):
+            # pymilvus pings idle connections every 10 s; the in-process server (gRPC's defaults) counts
+            # those as abuse and sends GOAWAY "too many pings", which breaks the shared channel
+            options = {"grpc_options": {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": False}}
+        for attempt in range(CONNECT_ATTEMPTS):
+            try:
+                self.client = pymilvus.MilvusClient(uri=uri, token=token or "", timeout=timeout_s, **options)
+                self._ensure_manifests()
+                break
+            except self.errors as exc:
+                if attempt + 1 == CONNECT_ATTEMPTS:
+                    raise IndexUnavailable(f"Milvus at {redact(uri)} is unavailable: {_reason(exc)}") from exc
+                time.sleep(0.5 * (attempt + 1))  # a server that is starting or restarting
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -410,17 +421,21 @@ class MilvusSnapshot(SearchableSnapshot):
 
     def _call(self, what: str, fn, *args, **kwargs):
         """A Milvus call; failures become IndexUnavailable (503). A collection the server no longer
-        has loaded (after a restart) is loaded again and the call retried once."""
+        has loaded (after a restart) is loaded again, and a dropped connection reconnected, and the
+        call retried once (they only read)."""
         try:
             return fn(*args, **kwargs)
         except self.store.errors as first:
             message = str(first).lower()
-            if "not loaded" in message or "released" in message or "load()" in message:
-                try:
+            try:
+                if "not loaded" in message or "released" in message or "load()" in message:
                     self.store.client.load_collection(self.collection)
                     return fn(*args, **kwargs)
-                except self.store.errors as exc:
-                    first = exc
+                if any(t in message for t in TRANSIENT):  # a dropped connection: gRPC reconnects on the next call
+                    time.sleep(0.2)
+                    return fn(*args, **kwargs)
+            except self.store.errors as exc:
+                first = exc
             raise IndexUnavailable(f"{self.store.describe()}: {what} failed: {_reason(first)}") from first
 
     def search_ids(self, queries: np.ndarray, k: int, expression: str = "") -> tuple[np.ndarray, np.ndarray]:

@@ -119,6 +119,13 @@ class SearchableSnapshot(ABC):
         """(ids, vectors, metadata rows) of the whole version, chunk by chunk (updates and exports)."""
         raise NotImplementedError
 
+    def contents(self) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+        """(ids, vectors, metadata rows) of the whole version, in memory (updates and copies)."""
+        parts = list(self.iter_contents())
+        ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        vectors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, self.manifest.dim), np.float32)
+        return ids, vectors, [row for p in parts for row in p[2]]
+
     def close(self) -> None:
         """Release what the snapshot holds open (a database connection); the FAISS one holds none."""
         return None

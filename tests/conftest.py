@@ -110,12 +110,10 @@ def milvus_server(tmp_path):
     """Milvus Lite as its own process, serving gRPC on loopback (what a Milvus server looks like to the
     service): ``uri``, ``stop()`` (kill -9), ``start()`` (again, same data, same port)."""
     import shutil
-    import socket
     import subprocess
     import sys
-    import time
 
-    from core.net import free_port
+    from core.net import free_port, wait_listening
 
     port = free_port()
     data = tmp_path / "milvus-server"
@@ -125,16 +123,8 @@ def milvus_server(tmp_path):
         log = open(tmp_path / "milvus-server.log", "ab")
         server["proc"] = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data),
                                            "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=log)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return
-            except OSError:
-                if server["proc"].poll() is not None:
-                    pytest.fail(f"milvus_lite server exited: {(tmp_path / 'milvus-server.log').read_text()[-2000:]}")
-                time.sleep(0.1)
-        pytest.fail("milvus_lite server did not listen within 60 s")
+        if not wait_listening(port, 60, process=server["proc"]):
+            pytest.fail(f"milvus_lite server is not listening: {(tmp_path / 'milvus-server.log').read_text()[-2000:]}")
 
     def stop():
         if server["proc"] is not None and server["proc"].poll() is None:

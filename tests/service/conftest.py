@@ -7,17 +7,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from core.net import free_port
+from core.net import free_port, wait_listening
 from loadtests.server import ServerNotReady, start_server
 from index.demo import build_demo_snapshot
 
@@ -103,13 +101,7 @@ def redis_server(tmp_path):
              "--enable-debug-command", "local"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port, 10, process=proc)
         server["proc"] = proc
         return proc
 
