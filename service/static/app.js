@@ -113,20 +113,28 @@ function expansionField() {
   return method ? { expansion: { method } } : {};
 }
 
+// the service filters before ranking: the top k among images with a caption containing the text
+function filterField() {
+  const text = $("caption-filter").value.trim();
+  return text ? { filter: { caption_contains: text } } : {};
+}
+
 async function fetchResults(mode) {
   const page = { k: state.k, offset: state.offset };
   if (mode.type === "text") {
     return call("/v1/search", { method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ query: mode.query, ...page, ...expansionField() }) });
+      body: JSON.stringify({ query: mode.query, ...page, ...expansionField(), ...filterField() }) });
   }
   if (mode.type === "similar") {
     return call("/v1/search/similar", { method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ id: mode.id, ...page }) });
+      body: JSON.stringify({ id: mode.id, ...page, ...filterField() }) });
   }
   const form = new FormData();
   form.append("image", mode.file);
   form.append("k", String(page.k));
   form.append("offset", String(page.offset));
+  const { filter } = filterField();
+  if (filter) form.append("filter", JSON.stringify(filter));
   return call("/v1/search/image", { method: "POST", body: form });
 }
 
@@ -181,7 +189,7 @@ async function compare(event) {
   showError("");
   try {
     const response = await call("/v1/search", { method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ query: state.mode.query, k, consistency, ...expansionField() }) });
+      body: JSON.stringify({ query: state.mode.query, k, consistency, ...expansionField(), ...filterField() }) });
     if (!response.consistency) throw new Error("the service produced no paraphrase to compare");
     renderConsistency(state.mode.query, response.consistency);
   } catch (err) {

@@ -103,6 +103,17 @@ def test_search_page_journey(browser, uvicorn_server, demo_snapshot, shots):
     page.click("#prev")
     expect(page.locator("#summary")).to_contain_text("Results 1–24", timeout=TIMEOUT_MS)
 
+    # a caption filter: the top k among matching images, as the API ranks them with the same filter
+    filtered = api.post("/v1/search", json={"query": query, "k": 24, "filter": {"caption_contains": "dog"}}).json()["results"]
+    assert 0 < len(filtered) < 24 and all(any("dog" in c.lower() for c in r["captions"]) for r in filtered)
+    page.fill("#caption-filter", "dog")
+    page.press("#query", "Enter")
+    expect(page.locator("#grid figure.card")).to_have_count(len(filtered), timeout=TIMEOUT_MS)
+    assert _card_ids(page) == [r["id"] for r in filtered]
+    page.fill("#caption-filter", "")
+    page.press("#query", "Enter")
+    expect(page.locator("#grid figure.card")).to_have_count(24, timeout=TIMEOUT_MS)
+
     # the consistency view: the query's list beside each typed paraphrase's, shared images marked
     typed = ["a puppy sleeping on a sofa", "a dog resting on the couch"]
     page.fill("#paraphrases", "\n".join(typed))
