@@ -270,3 +270,25 @@ def test_update_and_copy_between_backends(backend, tmp_path, request, starter_en
     assert np.allclose(twin.vectors_of(ids), after.vectors_of(ids))
     flt = SearchFilter(caption_contains="a", licence=[1, 2, 3, 4, 5, 6])
     assert np.array_equal(twin.filtered(flt).search_ids(queries, 10)[1], after.filtered(flt).search_ids(queries, 10)[1])
+
+
+def test_precomputed_vectors_build_into_either_backend(backend, tmp_path, request):
+    """Shards of vectors computed elsewhere (with user columns) index into the store, are refused to a
+    bundle of another image space, and filter on their user fields."""
+    from index.builder import build_snapshot_from_vectors
+    from tests.index.test_vector_sources import write_shards
+
+    vectors = write_shards(tmp_path / "emb")
+    store = make_store(backend, tmp_path, request)
+    result = build_snapshot_from_vectors(tmp_path / "emb", store, image_space="test/space", progress=False)
+    assert result.manifest.backend == backend and result.manifest.count == len(vectors) == 100
+    snap = store.load(image_space="test/space")
+    with pytest.raises(SnapshotError, match="image space"):
+        store.load(image_space="another/space")
+    _, ids = snap.search_ids(vectors[:3], 1)
+    assert ids[:, 0].tolist() == [1000, 1001, 1002]  # each vector finds itself (ids from the metadata)
+    assert snap.user_fields == ["camera"]  # the extra metadata column
+    _, got = snap.filtered(SearchFilter(fields={"camera": "cam1"})).search_ids(vectors[:5], 100)
+    for row in got:
+        found = row[row >= 0].tolist()
+        assert sorted(found) == [i for i in range(1000, 1100) if i % 3 == 1]  # every match, nothing else
