@@ -19,8 +19,8 @@ from core.settings import Settings
 from index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
 from index.faiss_index import IndexSpec
 from index.filters import SearchFilter
-from index.snapshot import SearchHit, Snapshot, read_snapshot_manifest, resolve
-from index.store import SnapshotStore, store_from_settings
+from index.snapshot import Snapshot, read_snapshot_manifest, resolve
+from index.store import SearchHit, SnapshotStore, store_from_settings
 
 app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
 
@@ -250,10 +250,7 @@ def search_cmd(
             raise UserError(f"--filter{' ' + where if where else ''}: {first['msg']}") from exc
     enc = load_encoder(bundle, threads=1)
     snap = open_cli_store(backend, root, uri, collection).load(image_space=enc.image_space, threads=1)
-    scores, ids = snap.view(flt).search_ids(enc.encode_text(queries), k)
-    rows = snap.metadata_of([int(i) for i in ids.ravel() if i >= 0])
-    results = [[SearchHit(id=int(i), score=float(s), rank=r + 1, metadata=rows.get(int(i), {}))
-                for r, (s, i) in enumerate(zip(srow, irow)) if i >= 0] for srow, irow in zip(scores, ids)]
+    results = snap.search(enc.encode_text(queries), k, flt)
     if as_json:
         console.print_json(json.dumps([
             {"query": q, "results": [{"id": h.id, "score": h.score, "rank": h.rank, "path": h.metadata.get("path")} for h in hits]}

@@ -35,10 +35,9 @@ import numpy as np
 from cachetools import LRUCache
 
 from core.errors import UserError
-from core.rank_metrics import overlap_recall
-from index.faiss_index import IndexSpec, exact_search, tune_setting
+from index.faiss_index import IndexSpec
 from index.filters import SearchFilter, caption_text, licence_id, milvus_expression
-from index.snapshot import SnapshotError, SnapshotManifest, check_image_space
+from index.snapshot import SnapshotError, SnapshotManifest, check_image_space, pid_alive
 from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -97,16 +96,6 @@ def native_index(spec: IndexSpec, index_type: str | None = None, params: dict | 
 def _truncate_utf8(text: str, limit: int) -> str:
     data = text.encode("utf-8")
     return text if len(data) <= limit else data[:limit].decode("utf-8", errors="ignore")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class MilvusStore(SnapshotStore):
@@ -273,7 +262,7 @@ class MilvusStore(SnapshotStore):
             try:
                 owner = json.loads(row["manifest"])
                 mine = owner.get("host") == host
-                stale = (mine and not _pid_alive(int(owner["pid"]))) or time.time() - float(owner["started"]) > max_age_s
+                stale = (mine and not pid_alive(int(owner["pid"]))) or time.time() - float(owner["started"]) > max_age_s
             except (ValueError, KeyError, TypeError):
                 stale = True
             if stale:
@@ -291,8 +280,7 @@ class MilvusStore(SnapshotStore):
     def begin_version(self) -> str:
         with self._lock:
             version = self.new_version_name()
-            owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
-            self._put(version, "building", owner)
+            self._put(version, "building", _owner())
         return version
 
     def abort_version(self, version: str) -> None:
@@ -333,10 +321,9 @@ class MilvusStore(SnapshotStore):
         kind, build, search = native_index(spec, self.index_type, self.index_params)
         name = self.collection(draft.version)
         metadata = draft.metadata if len(draft.metadata) == count else [{"id": int(i)} for i in draft.ids]
-        owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
         try:
             if not self.client.query(self.manifests, filter=f'version == "{draft.version}"', output_fields=["state"]):
-                self._put(draft.version, "building", owner)  # not begun with begin_version
+                self._put(draft.version, "building", _owner())  # not begun with begin_version
             self._create(name, dim, kind, build)
             self._insert(name, draft.ids, draft.vectors, metadata)
             self.client.flush(name)
@@ -347,7 +334,7 @@ class MilvusStore(SnapshotStore):
                         "search_params": self.search_params or search}
             probe = MilvusSnapshot(self, draft.manifest(ref, spec, None, 0, None, backend="milvus", location=location))
             spec, recall, n_queries, tuning = self._measure_recall(probe, spec, draft, queries, query_source, target_recall)
-            if tuning is not None and not self.index_type:
+            if tuning is not None:  # the tuned setting is what the version serves with
                 location["search_params"] = native_index(spec)[2]
             manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="milvus", location=location)
             self._put(draft.version, "published", manifest.model_dump_json())
@@ -365,28 +352,24 @@ class MilvusStore(SnapshotStore):
 
     def _measure_recall(self, probe: MilvusSnapshot, spec: IndexSpec, draft, queries: np.ndarray, query_source: str,
                         target_recall: float | None) -> tuple[IndexSpec, float | None, int, dict | None]:
-        """Recall@10 of the collection's index against exact search (as the FAISS builder measures it);
-        with ``target_recall``, nprobe / ef tuned on half the queries and measured on the other half."""
-        if spec.exact and not self.index_type:
-            return spec, None, 0, None
-        queries = np.ascontiguousarray(queries[:RECALL_QUERIES], np.float32)
-        truth = exact_search(draft.vectors, draft.ids, queries, 10)
+        """Recall@10 of the collection's index against exact search, as the FAISS builder measures it
+        (with ``target_recall``, nprobe / ef tuned on half the queries). A native index type or search
+        params set by the settings are measured as they are, not tuned."""
+        from index.builder import measure_recall_with  # the builder imports the store interface
+
+        tunable = not self.index_type and not self.search_params  # else the settings fix the search
 
         def run(candidate: IndexSpec, q: np.ndarray, k: int) -> np.ndarray:
-            probe.params = native_index(candidate)[2]
+            probe.params = native_index(candidate)[2] if tunable else (self.search_params or {})
             return probe.search_ids(q, k)[1]
 
-        tuning = None
-        if target_recall is not None and not self.index_type and len(queries) >= 4:
-            half = len(queries) // 2
-            spec, tuned, ms = tune_setting(run, spec, queries[:half], truth[:half], target_recall)
-            tuning = {"target_recall": target_recall, "reached": tuned >= target_recall,
-                      "recall_at_10_on_tuning_queries": round(tuned, 4), "tuning_queries": half,
-                      "ms_per_query_at_tuning": round(ms, 4), "queries": query_source,
-                      "setting": {"nprobe": spec.nprobe, "ef_search": spec.ef_search}}
-            queries, truth = queries[half:], truth[half:]
-        probe.params = self.search_params or (native_index(spec)[2] if not self.index_type else {})
-        return spec, overlap_recall(probe.search_ids(queries, truth.shape[1])[1], truth), len(queries), tuning
+        return measure_recall_with(run, spec, draft.vectors, draft.ids, queries, 10, target_recall if tunable else None,
+                                   query_source, exact=spec.exact and not self.index_type)
+
+
+def _owner() -> str:
+    """Who is building a version (``clean_stale`` tells a dead build from a running one by it)."""
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
 
 
 def _reason(exc: BaseException) -> str:

@@ -19,7 +19,6 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -115,7 +114,8 @@ def staging_dir(root: Path, version: str) -> Path:
     return path
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host is running (builds record theirs so that a dead one's leftovers are known)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -135,7 +135,7 @@ def clean_stale_staging(root: str | Path, max_age_s: float = 6 * 3600) -> list[s
         try:
             owner = json.loads((stage / OWNER).read_text())
             mine = owner.get("host") == socket.gethostname()
-            stale = (mine and not _pid_alive(int(owner["pid"]))) or time.time() - stage.stat().st_mtime > max_age_s
+            stale = (mine and not pid_alive(int(owner["pid"]))) or time.time() - stage.stat().st_mtime > max_age_s
         except (OSError, ValueError, KeyError, TypeError):
             stale = True  # no readable owner: not written by a live build of this version
         if stale:
@@ -231,14 +231,6 @@ def read_snapshot_manifest(version_dir: Path) -> SnapshotManifest:
         return SnapshotManifest.model_validate_json((version_dir / MANIFEST).read_text())
     except (OSError, ValidationError) as exc:
         raise SnapshotError(f"snapshot {version_dir}: {MANIFEST} is unreadable or malformed: {exc}") from exc
-
-
-@dataclass
-class SearchHit:
-    id: int
-    score: float
-    rank: int
-    metadata: dict
 
 
 FILTER_CACHE = 64  # compiled filters kept per snapshot (a filter's mask costs one pass over the metadata)
@@ -350,17 +342,6 @@ class Snapshot(SearchableSnapshot):
     def user_fields(self) -> list[str]:
         # snapshots written before manifests listed their user fields: read them off the metadata
         return self.manifest.user_fields or sorted(user_field_names(self.metadata.values()))
-
-    def search(self, queries: np.ndarray, k: int, flt: SearchFilter | None = None) -> list[list[SearchHit]]:
-        scores, ids = self.view(flt).search_ids(queries, k)
-        return [
-            [
-                SearchHit(id=int(i), score=float(s), rank=r + 1, metadata=self.metadata[int(i)])
-                for r, (s, i) in enumerate(zip(srow, irow))
-                if i >= 0
-            ]
-            for srow, irow in zip(scores, ids)
-        ]
 
     def metadata_of(self, image_ids) -> dict[int, dict]:
         return {int(i): self.metadata[int(i)] for i in image_ids if int(i) in self.metadata}

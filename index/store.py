@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -32,6 +33,14 @@ if TYPE_CHECKING:
     from index.snapshot import BundleRef, SnapshotManifest
 
 BACKENDS = ("faiss", "milvus")
+
+
+@dataclass
+class SearchHit:
+    id: int
+    score: float
+    rank: int
+    metadata: dict
 
 
 class IndexUnavailable(UserError):
@@ -74,6 +83,14 @@ class SearchableSnapshot(ABC):
 
     def view(self, flt: SearchFilter | None) -> SearchView:
         return self if flt is None else self.filtered(flt)
+
+    def search(self, queries: np.ndarray, k: int, flt: SearchFilter | None = None) -> list[list[SearchHit]]:
+        """Hits with their metadata, one list per query (the CLI's and evaluation's view of a search)."""
+        scores, ids = self.view(flt).search_ids(queries, k)
+        rows = self.metadata_of([int(i) for i in ids.ravel() if i >= 0])
+        return [[SearchHit(id=int(i), score=float(s), rank=r + 1, metadata=rows[int(i)])
+                 for r, (s, i) in enumerate(zip(srow, irow)) if i >= 0]
+                for srow, irow in zip(scores, ids)]
 
     @abstractmethod
     def metadata_of(self, image_ids) -> dict[int, dict]:

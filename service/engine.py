@@ -204,6 +204,7 @@ class SearchEngine:
         removed = self.store.clean_stale()
         if removed:
             log.warning("removed what interrupted builds left behind: %s", removed)
+        self.store.manifest()  # no published version yet: fail here, before loading an encoder (retried every few s)
         self.swap(load_active(self.settings.bundle_dir, self.store, self.settings))
 
     async def _watch_snapshot(self) -> None:
@@ -229,8 +230,7 @@ class SearchEngine:
                 log.warning("snapshot not loaded: %s: %s", type(exc).__name__, exc)
 
     def swap(self, active: Active) -> None:
-        previous = self.active
-        replaced = previous is not None and previous is not active
+        replaced = self.active is not None and self.active is not active
         self.active = active  # one reference assignment: atomic for concurrent requests
         self.load_error = None
         self.metrics.index_size.set(len(active.snapshot))
