@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     # auto: the int8 text tower where the bundle's manifest shows it agrees with fp32 (mean cosine >= 0.99)
     # and loses at most 0.5 point of AO@10 and T2I R@10 (measured at export); else fp32
     precision: str = Field("auto", pattern="^(auto|fp32|int8)$")
-    encoder_threads: int | None = Field(None, ge=1)
+    encoder_threads: int | None = Field(None, ge=1, description="intra-op threads per call (default: cores / workers)")
+    encoder_workers: int | None = Field(None, ge=1, le=64, description="encoder calls at once (default: 2 on 2+ cores)")
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
     faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
     faiss_batch_threads: int | None = Field(None, ge=1, description="threads of merged searches of 2+ rows (default: every core)")
@@ -56,10 +57,12 @@ class Settings(BaseSettings):
 
     # micro-batching of concurrent requests' texts into one encoder call
     batching: bool = True
-    max_batch_size: int = Field(64, ge=1, le=1024)
+    max_batch_size: int | None = Field(None, ge=1, le=1024, description="texts per encoder call (default: 8 on CPU, 64 on GPU)")
     # continuous batching: a batch goes as soon as the encoder is free; an optional extra wait for company
     max_wait_ms: float = Field(0.0, ge=0, le=1000)
     max_index_batch_size: int = Field(256, ge=1, le=4096, description="query rows per merged index search")
+    max_index_wait_ms: float = Field(
+        100.0, ge=0, le=1000, description="longest an index search waits for requests being encoded (0: never)")
 
     # caches: Redis when a URL is given, else an in-process LRU
     redis_url: str | None = None

@@ -7,6 +7,17 @@ requests queue up and form the next batch: at low load a request is dispatched a
 batches grow by themselves (infinity's batch handler works the same way). ``max_wait_ms`` adds an
 optional wait for company; 0 by default.
 
+``workers`` > 1 runs that many calls at once, each on its own thread, from one queue; a worker takes
+its share of what waits (the waiting items over the idle workers), so one call never holds
+everything while another worker idles. On CPU a small text tower costs about the same per text at
+any batch size, and two single-threaded calls side by side do more than one call on two threads.
+
+A stage whose calls cost nearly the same for one row as for many (an exact scan streams the whole
+collection either way) should not run a batch of one while more rows are already on their way to it.
+``expect()`` announces a request heading for this batcher from an earlier stage; while announced
+requests have not arrived (or given up), the worker waits for them to join the batch it is forming,
+bounded by ``max_expect_wait_ms``. At low load nothing else is announced: a request goes at once.
+
 The service runs two batchers in a pipeline: texts -> encoder batcher -> index batcher -> results.
 Each has one thread, so an encoder call and an index search can overlap while each stays one call
 at a time. Keys keep incompatible work apart: an encoder never sees another encoder's texts after a
@@ -16,6 +27,7 @@ reload, and a search never runs against another snapshot version (or, with filte
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +37,38 @@ import numpy as np
 
 P = TypeVar("P")  # one request's payload
 R = TypeVar("R")  # one request's result
+
+
+class Expected:
+    """A request announced to a batcher: ``submit(..., expected=this)`` or ``release()`` ends it."""
+
+    __slots__ = ("_batcher",)
+
+    def __init__(self, batcher: ContinuousBatcher):
+        self._batcher: ContinuousBatcher | None = batcher
+        batcher._expected += 1
+
+    def arrive(self, batcher: ContinuousBatcher) -> None:
+        if self._batcher is batcher:
+            self._batcher = None
+            batcher._expected -= 1
+
+    def release(self) -> None:
+        """No longer on its way (failed, or taking another path first)."""
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            batcher._expected -= 1
+            if batcher._queue is not None:
+                batcher._queue.put_nowait(_WAKE)  # a worker waiting for this request stops waiting
+
+    def __enter__(self) -> Expected:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+_WAKE: Any = object()  # queued by a release: wakes a waiting worker, carries no work
 
 
 @dataclass
@@ -38,9 +82,10 @@ class _Item:
 class ContinuousBatcher(Generic[P, R]):
     def __init__(self, run: Callable[[Any, list[P]], list[R]], *, name: str, max_batch_size: int = 64,
                  max_wait_ms: float = 0.0, enabled: bool = True, size: Callable[[P], int] = lambda p: 1,
-                 on_batch: Callable[[int], None] | None = None):
+                 on_batch: Callable[[int], None] | None = None, workers: int = 1, max_expect_wait_ms: float = 0.0):
         """``run(key, payloads) -> results`` (one per payload) does one merged call; ``size`` says how
-        many units (texts, query rows) a payload holds, for the cap and the metrics."""
+        many units (texts, query rows) a payload holds, for the cap and the metrics; ``workers`` calls
+        run at once; announced requests (``expect``) are waited for up to ``max_expect_wait_ms``."""
         self.run = run
         self.name = name
         self.max_batch_size = max_batch_size
@@ -48,30 +93,43 @@ class ContinuousBatcher(Generic[P, R]):
         self.enabled = enabled
         self.size = size
         self.on_batch = on_batch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.workers = max(1, workers)
+        self.max_expect_wait = max_expect_wait_ms / 1000.0
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
         self._queue: asyncio.Queue[_Item] | None = None
-        self._worker: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._expected = 0  # announced requests not yet submitted
+        self._idle = 0  # workers not running a call
 
     async def start(self) -> None:
-        if self.enabled and self._worker is None:
+        if self.enabled and not self._tasks:
             self._queue = asyncio.Queue()
-            self._worker = asyncio.create_task(self._loop(), name=f"{self.name}-batcher")
+            self._idle = self.workers
+            self._tasks = [asyncio.create_task(self._loop(), name=f"{self.name}-batcher-{i}") for i in range(self.workers)]
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
+        for task in self._tasks:
+            task.cancel()
             try:
-                await self._worker
+                await task
             except asyncio.CancelledError:
                 pass
-            self._worker = None
+        self._tasks = []
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, key, payload: P, run: Callable[[Any, list[P]], list[R]] | None = None) -> R:
+    def expect(self) -> Expected:
+        """Announce a request that will ``submit`` here once an earlier stage is done with it: use it as
+        a context manager around that stage and pass it to ``submit``."""
+        return Expected(self)
+
+    async def submit(self, key, payload: P, run: Callable[[Any, list[P]], list[R]] | None = None,
+                     expected: Expected | None = None) -> R:
         """This payload's result, possibly computed in one call with other requests' payloads of the
         same ``key`` (and the same ``run``, default the batcher's)."""
         run = run or self.run
         loop = asyncio.get_running_loop()
+        if expected is not None:
+            expected.arrive(self)
         if not self.enabled or self._queue is None:
             # unbatched: every request on its own thread, in parallel (the baseline batching is measured against)
             if self.on_batch:
@@ -90,27 +148,40 @@ class ContinuousBatcher(Generic[P, R]):
         assert self._queue is not None  # start() made it
         queue = self._queue
         while True:
-            items = [await queue.get()]
-            units = self.size(items[0].payload)
-            deadline = time.monotonic() + self.max_wait
-            while units < self.max_batch_size:
+            first = await queue.get()
+            if first is _WAKE:
+                continue
+            items = [first]
+            units = self.size(first.payload)
+            # this worker's share of what waits; the other idle workers take the rest at once
+            share = math.ceil((queue.qsize() + 1) / max(1, self._idle)) if self.workers > 1 else self.max_batch_size
+            now = time.monotonic()
+            deadline, expect_deadline = now + self.max_wait, now + self.max_expect_wait
+            while units < self.max_batch_size and len(items) < share:
                 if not queue.empty():
                     item = queue.get_nowait()
                 else:
-                    timeout = deadline - time.monotonic()
+                    # no more waiting: go now, unless announced requests are on their way (bounded) or
+                    # an extra wait for company is configured
+                    timeout = max(deadline, expect_deadline if self._expected > 0 else now) - time.monotonic()
                     if timeout <= 0:
-                        break  # nothing else waiting: go now
+                        break
                     try:
                         item = await asyncio.wait_for(queue.get(), timeout)
                     except asyncio.TimeoutError:
                         break
-                items.append(item)
-                units += self.size(item.payload)
+                if item is not _WAKE:
+                    items.append(item)
+                    units += self.size(item.payload)
             groups: dict[tuple[int, int], list[_Item]] = {}
             for item in items:  # dicts keep insertion order: groups run in arrival order
                 groups.setdefault((id(item.key), id(item.run)), []).append(item)
-            for group in groups.values():
-                await self._dispatch(group)
+            self._idle -= 1
+            try:
+                for group in groups.values():
+                    await self._dispatch(group)
+            finally:
+                self._idle += 1
 
     async def _dispatch(self, items: list[_Item]) -> None:
         loop = asyncio.get_running_loop()

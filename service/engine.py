@@ -72,9 +72,24 @@ class Active:
         return f"{e.name}:{e.version}:{e.precision}"
 
 
+def encoder_workers(settings: Settings) -> int:
+    """Encoder calls run at once: PARASEEK_ENCODER_WORKERS, default 2 where there are 2+ cores."""
+    return settings.encoder_workers or min(2, os.cpu_count() or 1)
+
+
+def default_text_batch(encoder: Encoder) -> int:
+    """Texts per encoder call unless PARASEEK_MAX_BATCH_SIZE says otherwise. On CPU a text costs about
+    the same at any batch size (MiniLM int8, one thread: 3.5 ms alone, 3.0 in 8s, 4.0 in 32s), so
+    small calls shared among the workers keep every core busy; a GPU wants large ones."""
+    return 8 if encoder.providers == ["CPUExecutionProvider"] else 64
+
+
 def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:
-    """Every encoder the service runs (startup, reload, reindex) is built here from the settings."""
-    return Encoder(bundle, precision=precision or settings.precision, threads=settings.encoder_threads,
+    """Every encoder the service runs (startup, reload, reindex) is built here from the settings. Its
+    intra-op threads default to the cores shared out among the encoder workers (2 cores, 2 workers:
+    one each; two single-threaded calls side by side encode ~1.4x more than one call on two threads)."""
+    threads = settings.encoder_threads or max(1, (os.cpu_count() or 1) // encoder_workers(settings))
+    return Encoder(bundle, precision=precision or settings.precision, threads=threads,
                    spin=settings.encoder_spin, memory_arena=False)
 
 
@@ -139,12 +154,14 @@ class SearchEngine:
         # the request pipeline: texts -> encoder batch -> index batch -> results; each stage merges
         # concurrent requests into one call on its own thread
         self.batcher: ContinuousBatcher = ContinuousBatcher(
-            encode_texts(self._encode), name="encoder", max_batch_size=settings.max_batch_size,
+            encode_texts(self._encode), name="encoder", max_batch_size=settings.max_batch_size or 64,
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
+            workers=encoder_workers(settings),
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
             search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
             enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
+            max_expect_wait_ms=settings.max_index_wait_ms,
         )
         self._sources: dict[str, ParaphraseSource] = {}
         self._banks: dict[str, CaptionBank] = {}
@@ -233,6 +250,7 @@ class SearchEngine:
         replaced = self.active is not None and self.active is not active
         self.active = active  # one reference assignment: atomic for concurrent requests
         self.load_error = None
+        self.batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
         self.metrics.index_size.set(len(active.snapshot))
         if replaced:
             release_free_memory()  # the replaced encoder/index: back to the OS, not just to the heap
@@ -391,28 +409,32 @@ class SearchEngine:
             return hit
 
         view = await self.view(active.snapshot, req.filter)
-        texts = await self._texts(req)
-        embedded, truncated = await self.embed(active, texts.all())
-        vectors = SearchVectors.split(texts, embedded)
-        if req.expansion is not None and req.expansion.min_cos > -1 and len(vectors.expansions):
-            assert vectors.query is not None
-            keep = close_to_query(vectors.query, vectors.expansions, req.expansion.min_cos)
-            vectors.expansions = vectors.expansions[keep]
-            texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
-        expanded: np.ndarray | None = None
-        neighbour_texts: list[str] = []
-        if req.expansion is not None and req.expansion.method in ("bank", "prf") and vectors.query is not None:
-            # the paraphrases of a consistency report go through the same expansion as the query, so the
-            # report measures what is served
-            batch, neighbour_texts = await self._expand_vectors(active, view, req.expansion,
-                                                                np.vstack([vectors.query[None], vectors.paraphrases]))
-            expanded, vectors.paraphrases = batch[0], batch[1:]
-        t_enc = time.perf_counter()
-        self.metrics.stage.labels("encode").observe(t_enc - t0)
+        texts = await self._texts(req)  # paraphrase sources may take seconds: before the announcement
+        # announced to the index stage from encoding until its rows get there: a search that would
+        # start alone waits for them instead (an exact scan costs nearly the same for one row as for many)
+        with self.index_batcher.expect() as expected:
+            embedded, truncated = await self.embed(active, texts.all())
+            vectors = SearchVectors.split(texts, embedded)
+            if req.expansion is not None and req.expansion.min_cos > -1 and len(vectors.expansions):
+                assert vectors.query is not None
+                keep = close_to_query(vectors.query, vectors.expansions, req.expansion.min_cos)
+                vectors.expansions = vectors.expansions[keep]
+                texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
+            expanded: np.ndarray | None = None
+            neighbour_texts: list[str] = []
+            if req.expansion is not None and req.expansion.method in ("bank", "prf") and vectors.query is not None:
+                # the paraphrases of a consistency report go through the same expansion as the query, so the
+                # report measures what is served
+                expected.release()  # its own index lookup goes first: nothing may wait for this request meanwhile
+                batch, neighbour_texts = await self._expand_vectors(active, view, req.expansion,
+                                                                        np.vstack([vectors.query[None], vectors.paraphrases]))
+                expanded, vectors.paraphrases = batch[0], batch[1:]
+            t_enc = time.perf_counter()
+            self.metrics.stage.labels("encode").observe(t_enc - t0)
 
-        rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
-        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
-        scores, ids = await self.index_batcher.submit(view, (rows.matrix, k_search))
+            rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
+            k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
+            scores, ids = await self.index_batcher.submit(view, (rows.matrix, k_search), expected=expected)
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 

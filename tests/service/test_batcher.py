@@ -148,3 +148,116 @@ def test_index_searches_merge_across_k_and_never_across_snapshots():
     assert i2.shape == (1, 7) and i2[0, 0] == 20
     assert i3.tolist() == [[1005, 1004]] or i3.tolist() == [[1005, 1006]]
     assert (s1[:, 0] == 0).all() and s2[0, 0] == 0
+
+
+def _index_batcher(index, **kw) -> ContinuousBatcher:
+    return ContinuousBatcher(search_rows(index), name="test-index", size=lambda p: len(p[0]), **kw)
+
+
+def test_index_waits_for_announced_requests_and_searches_them_together():
+    """A request still being encoded is announced: the search that would start alone waits for its rows
+    (one scan for both), and nothing waits when nothing is announced."""
+    index = FakeIndex()
+    batcher = _index_batcher(index, max_expect_wait_ms=5_000)
+
+    async def go():
+        await batcher.start()
+        try:
+            alone = await asyncio.wait_for(batcher.submit("v1", (np.array([[1.0]]), 3)), 2)  # nothing announced
+            with batcher.expect() as on_its_way:
+                first = asyncio.create_task(batcher.submit("v1", (np.array([[10.0]]), 3)))
+                await asyncio.sleep(0.1)  # the worker holds "first" for the announced request
+                assert not first.done() and len(index.calls) == 1
+                second = await batcher.submit("v1", (np.array([[20.0]]), 3), expected=on_its_way)
+            return alone, await first, second
+        finally:
+            await batcher.stop()
+
+    alone, first, second = asyncio.run(go())
+    assert index.calls == [(1, 3), (2, 3)]  # the announced request joined the waiting one's search
+    assert alone[1][0, 0] == 1 and first[1][0, 0] == 10 and second[1][0, 0] == 20
+
+
+def test_a_request_that_fails_before_arriving_stops_the_wait_at_once():
+    index = FakeIndex()
+    batcher = _index_batcher(index, max_expect_wait_ms=5_000)
+
+    async def go():
+        await batcher.start()
+        try:
+            loop = asyncio.get_running_loop()
+            with pytest.raises(RuntimeError):
+                with batcher.expect():
+                    waiting = asyncio.create_task(batcher.submit("v1", (np.array([[10.0]]), 3)))
+                    await asyncio.sleep(0.05)
+                    assert not waiting.done()
+                    t0 = loop.time()
+                    raise RuntimeError("the encoder failed for the announced request")
+            result = await asyncio.wait_for(waiting, 2)
+            return result, loop.time() - t0
+        finally:
+            await batcher.stop()
+
+    (scores, ids), waited = asyncio.run(go())
+    assert ids[0, 0] == 10 and waited < 1.0  # released, not timed out after 5 s
+    assert index.calls == [(1, 3)]
+
+
+def test_the_wait_for_announced_requests_is_bounded():
+    index = FakeIndex()
+    batcher = _index_batcher(index, max_expect_wait_ms=50)
+
+    async def go():
+        await batcher.start()
+        try:
+            loop = asyncio.get_running_loop()
+            with batcher.expect():  # announced, never arrives within the bound
+                t0 = loop.time()
+                result = await asyncio.wait_for(batcher.submit("v1", (np.array([[10.0]]), 3)), 2)
+                return result, loop.time() - t0
+        finally:
+            await batcher.stop()
+
+    (scores, ids), waited = asyncio.run(go())
+    assert ids[0, 0] == 10 and index.calls == [(1, 3)]
+    assert 0.04 <= waited < 1.0  # it waited for company, then went ahead without it
+
+
+def test_workers_run_calls_side_by_side_and_share_what_waits():
+    """Two workers: while one call is held, the other worker takes requests at once; what waits is
+    shared out among the idle workers, so no call takes everything."""
+    release = threading.Event()
+    running: list[int] = []
+    peak = [0]
+    lock = threading.Lock()
+
+    def encode(model, texts):
+        with lock:
+            running.append(1)
+            peak[0] = max(peak[0], len(running))
+        release.wait(10)
+        with lock:
+            running.pop()
+        return np.array([[float(len(t)), float(model)] for t in texts], np.float32), [False] * len(texts)
+
+    calls: list[int] = []
+    batcher = _encoder_batcher(encode, workers=2, on_batch=calls.append)
+
+    async def go():
+        await batcher.start()
+        try:
+            first = [asyncio.create_task(batcher.submit(1, [f"t{i}"])) for i in range(2)]
+            await asyncio.sleep(0.1)  # both workers hold a call
+            assert peak[0] == 2
+            release.set()
+            done = await asyncio.gather(*first)  # both workers idle again
+            later = await asyncio.gather(*(batcher.submit(1, [f"u{i}"]) for i in range(12)))
+            return done + later
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(go())
+    assert peak[0] == 2  # two calls at once
+    assert calls[:2] == [1, 1]  # each worker took one of the two waiting requests
+    assert calls[2:] == [6, 6]  # the twelve that waited were shared by the two idle workers
+    assert [r[0][0, 0] for r in results] == [2.0] * 2 + [2.0] * 10 + [3.0] * 2
