@@ -117,3 +117,18 @@ def test_cli_target_recall_with_query_vectors(collection, tmp_path):
                                    "--out", str(tmp_path / "snap2"), "--type", "ivf_flat", "--target-recall", "0.9",
                                    "--query-vectors", str(tmp_path / "bad.npy")])
     assert bad.exit_code != 0 and "query vectors have shape (200, 10)" in bad.output
+
+
+@pytest.mark.parametrize("n_queries", [1, 4, 32, 256, 257, 2_000])
+def test_exact_search_is_exact_at_every_block_size_and_keeps_the_score_buffer_small(n_queries):
+    """Merged serving batches use tall collection blocks, large query sets faiss' default; either way
+    the ids match a plain matrix product and the score block stays at faiss' default 16 MB."""
+    rng = np.random.default_rng(n_queries)
+    base = rng.standard_normal((20_000, 32), dtype=np.float32)
+    queries = rng.standard_normal((n_queries, 32), dtype=np.float32)
+    index = create_index(IndexSpec(type="flat"), 32)
+    train_and_add(index, base, np.arange(len(base)) + 7)
+    _, ids = search(index, IndexSpec(type="flat").resolved(len(base), 32), queries, 5)
+    expected = np.argsort(-(queries @ base.T), axis=1)[:, :5] + 7
+    assert (ids == expected).mean() > 0.999  # float ties aside
+    assert faiss.cvar.distance_compute_blas_query_bs * faiss.cvar.distance_compute_blas_database_bs <= 4096 * 1024
