@@ -35,6 +35,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -233,9 +234,6 @@ def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
 def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s: float = 3.0) -> float:
     """Texts/s of the service's encoder layout: its workers side by side, each calling one shared
     session (intra-op threads = cores / workers) with batches of 8, as the encoder batcher does on CPU."""
-    import threading
-
-    from core.settings import Settings
     from service.engine import default_text_batch, encoder_workers, load_encoder
 
     settings = Settings(precision=precision)

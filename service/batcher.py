@@ -19,8 +19,8 @@ requests have not arrived (or given up), the worker waits for them to join the b
 bounded by ``max_expect_wait_ms``. At low load nothing else is announced: a request goes at once.
 
 The service runs two batchers in a pipeline: texts -> encoder batcher -> index batcher -> results.
-Each has one thread, so an encoder call and an index search can overlap while each stays one call
-at a time. Keys keep incompatible work apart: an encoder never sees another encoder's texts after a
+Each has its own threads (the encoder's workers, the index's one), so encoder calls and an index
+search overlap while the index stays one search at a time. Keys keep incompatible work apart: an encoder never sees another encoder's texts after a
 reload, and a search never runs against another snapshot version (or, with filters, another filter).
 """
 
