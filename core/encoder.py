@@ -76,6 +76,9 @@ class Encoder:
     onnxruntime's intra-op threads (None: onnxruntime's default, all cores); ``spin=False`` lets idle
     threads sleep (servers); ``memory_arena=False`` returns activation memory after each call
     (servers, where a rare large batch such as a reindex would otherwise pin its peak).
+    ``solo_threads`` adds a second text session with that many threads, for ``encode_text(...,
+    solo=True)``: a server whose concurrent calls run single-threaded uses it for a call that runs
+    alone, which then has every core (one text: 16.5 -> 10.1 ms for the int8 starter on 2 cores).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Encoder:
         precision: str = "fp32",
         providers: Sequence[str] | None = None,
         threads: int | None = None,
+        solo_threads: int | None = None,
         verify: bool = True,
         load_image: bool = True,
         spin: bool = True,
@@ -107,7 +111,10 @@ class Encoder:
         self.tokenizer = BundleTokenizer(
             self.path / m.tokenizer.file, m.max_tokens, m.tokenizer.cleaning, m.tokenizer.pad_id
         )
-        self._text_session = self._session(self.path / text_spec.file)
+        self._text_path = self.path / text_spec.file
+        self._text_session = self._session(self._text_path)
+        self.solo_threads = solo_threads if solo_threads and solo_threads != threads else None
+        self._solo_session = self._session(self._text_path, self.solo_threads) if self.solo_threads else None
         self._text_inputs = list(text_spec.input_names)
         self._image_session = None
         if load_image and m.image is not None:
@@ -135,13 +142,14 @@ class Encoder:
         return self._image_session is not None
 
     # -- sessions -----------------------------------------------------------------------------
-    def _session(self, path: Path):
+    def _session(self, path: Path, threads: int | None = None):
         import onnxruntime as ort
 
+        threads = threads or self.threads
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if self.threads:
-            opts.intra_op_num_threads = int(self.threads)
+        if threads:
+            opts.intra_op_num_threads = int(threads)
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         if not self.memory_arena:
@@ -159,25 +167,34 @@ class Encoder:
         import copy
 
         other = copy.copy(self)
-        other._text_session = self._session(Path(onnx_path))
+        other._text_path = Path(onnx_path)
+        other._text_session = self._session(other._text_path)
+        if self._solo_session is not None:
+            other._solo_session = self._session(other._text_path, self.solo_threads)
         return other
 
     # -- text ---------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> TokenBatch:
         return self.tokenizer(texts)
 
-    def _run_text(self, batch: TokenBatch) -> np.ndarray:
+    @property
+    def has_solo_session(self) -> bool:
+        return self._solo_session is not None
+
+    def _run_text(self, batch: TokenBatch, solo: bool = False) -> np.ndarray:
         feeds = {"input_ids": batch.input_ids}
         if "attention_mask" in self._text_inputs:
             feeds["attention_mask"] = batch.attention_mask
-        (out,) = self._text_session.run(None, feeds)
+        session = self._solo_session if solo and self._solo_session is not None else self._text_session
+        (out,) = session.run(None, feeds)
         out = out.astype(np.float32, copy=False)
         return l2_normalize(out) if self.manifest.normalize else out
 
     def encode_text_detailed(
-        self, texts: Sequence[str], batch_size: int = 64
+        self, texts: Sequence[str], batch_size: int = 64, *, solo: bool = False
     ) -> tuple[np.ndarray, list[bool]]:
-        """Embeddings (N, dim) and, per text, whether it was truncated.
+        """Embeddings (N, dim) and, per text, whether it was truncated; ``solo`` runs a single batch on
+        the ``solo_threads`` session where there is one.
 
         Texts are grouped by token length so each batch pads as little as possible, then the rows are
         put back in input order.
@@ -187,7 +204,7 @@ class Encoder:
             return np.zeros((0, self.dim), np.float32), []
         if len(texts) <= batch_size:
             batch = self.tokenize(texts)
-            return self._run_text(batch), batch.truncated
+            return self._run_text(batch, solo), batch.truncated
         order = np.argsort(self.tokenizer.token_counts(texts), kind="stable")
         out = np.empty((len(texts), self.dim), np.float32)
         truncated = [False] * len(texts)

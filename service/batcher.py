@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -208,6 +210,37 @@ class ContinuousBatcher(Generic[P, R]):
             return
         for item, result in zip(live, results):
             _settle(item.future, result=result)
+
+
+class LoneCallGate:
+    """Lets a call that starts while no other runs take every core, and holds the calls that start
+    during it until it ends, so a lone call and a single-threaded one never share the cores.
+
+    The encoder's workers run single-threaded calls side by side under load (more texts/s than one
+    call on every core); a call that finds the encoder idle (low load) has the cores to itself and
+    runs on all of them, so one text costs less than the single-threaded call."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._lone = False
+
+    @contextmanager
+    def call(self, may_run_alone: bool = True) -> Iterator[bool]:
+        """Around one call; yields whether it runs alone (and may use every core)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._lone)
+            lone = may_run_alone and self._running == 0
+            self._running += 1
+            self._lone = lone
+        try:
+            yield lone
+        finally:
+            with self._cond:
+                self._running -= 1
+                if lone:
+                    self._lone = False
+                self._cond.notify_all()
 
 
 def _settle(future: asyncio.Future, result=None, error: BaseException | None = None) -> None:

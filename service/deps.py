@@ -14,19 +14,21 @@ from service.jobs import JobManager
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_settings(request: Request) -> Settings:
+# async on purpose: FastAPI runs a plain ``def`` dependency on its thread pool, a thread hop per
+# request for a one-line lookup
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_engine(request: Request) -> SearchEngine:
+async def get_engine(request: Request) -> SearchEngine:
     return request.app.state.engine
 
 
-def get_jobs(request: Request) -> JobManager:
+async def get_jobs(request: Request) -> JobManager:
     return request.app.state.jobs
 
 
-def require_admin(
+async def require_admin(
     settings: Settings = Depends(get_settings),
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
 ) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.encoder import Encoder, l2_normalize
+from core.encoder import Encoder, choose_providers, l2_normalize
 from core.errors import UserError
 from core.images import ImageDecodeError, decode_image
 from core.memory import limit_malloc_arenas, release_free_memory
@@ -29,7 +29,7 @@ from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
 from paraphrase.factory import make_source
 from paraphrase.llm import LLMError
-from service.batcher import ContinuousBatcher, encode_texts, search_rows
+from service.batcher import ContinuousBatcher, LoneCallGate, encode_texts, search_rows
 from service.cache import Cache, params_key
 from service.prometheus import ServiceMetrics
 from service.schemas import (
@@ -47,6 +47,9 @@ from service.schemas import (
 log = logging.getLogger(__name__)
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
 RETRY_LOAD_S = 5.0  # a service that could not load its index at start tries again this often
+# a lone encoder call of at most this many texts runs on every core: low-load calls carry one request
+# (1 text, or 4 with a consistency report); calls of a loaded encoder carry its batch (8 on CPU)
+SOLO_MAX_TEXTS = 4
 
 
 class RequestError(UserError):
@@ -87,9 +90,13 @@ def default_text_batch(encoder: Encoder) -> int:
 def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:
     """Every encoder the service runs (startup, reload, reindex) is built here from the settings. Its
     intra-op threads default to the cores shared out among the encoder workers (2 cores, 2 workers:
-    one each; two single-threaded calls side by side encode ~1.4x more than one call on two threads)."""
-    threads = settings.encoder_threads or max(1, (os.cpu_count() or 1) // encoder_workers(settings))
-    return Encoder(bundle, precision=precision or settings.precision, threads=threads,
+    one each; two single-threaded calls side by side encode ~1.4x more than one call on two threads).
+    On CPU, fewer threads than cores also get a second text session on every core (PARASEEK_ENCODER_SOLO)
+    for calls that run alone (see ``LoneCallGate``)."""
+    cores = os.cpu_count() or 1
+    threads = settings.encoder_threads or max(1, cores // encoder_workers(settings))
+    solo = settings.encoder_solo and threads < cores and choose_providers() == ["CPUExecutionProvider"]
+    return Encoder(bundle, precision=precision or settings.precision, threads=threads, solo_threads=cores if solo else None,
                    spin=settings.encoder_spin, memory_arena=False)
 
 
@@ -163,6 +170,7 @@ class SearchEngine:
             enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
             max_expect_wait_ms=settings.max_index_wait_ms,
         )
+        self._lone_calls = LoneCallGate()
         self._sources: dict[str, ParaphraseSource] = {}
         self._banks: dict[str, CaptionBank] = {}
         self.default_expansion = (Expansion.model_validate_json(settings.default_expansion)
@@ -317,9 +325,9 @@ class SearchEngine:
         return await asyncio.to_thread(snapshot.metadata_of, ids)
 
     # -- embeddings ----------------------------------------------------------------------------
-    @staticmethod
-    def _encode(encoder: Encoder, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        return encoder.encode_text_detailed(texts, batch_size=max(len(texts), 1))
+    def _encode(self, encoder: Encoder, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+        with self._lone_calls.call(encoder.has_solo_session and len(texts) <= SOLO_MAX_TEXTS) as solo:
+            return encoder.encode_text_detailed(texts, batch_size=max(len(texts), 1), solo=solo)
 
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""

@@ -42,3 +42,24 @@ def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_pa
     # same numbers either way
     texts = ["a dog on a beach", "two people riding bikes"]
     assert np.allclose(enc.encode_text(texts), Encoder(starter_bundle, load_image=False).encode_text(texts), atol=1e-6)
+
+
+def test_server_encoders_get_a_solo_session_on_every_core_for_lone_calls(starter_bundle, tmp_path, monkeypatch):
+    from core.settings import Settings
+    from service.engine import load_encoder
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    enc = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2))
+    assert (enc.threads, enc.solo_threads, enc.has_solo_session) == (2, 4, True)
+    assert enc._solo_session.get_session_options().intra_op_num_threads == 4
+    texts = ["a dog on a beach", "two people riding bikes"]
+    plain, _ = enc.encode_text_detailed(texts)
+    solo, _ = enc.encode_text_detailed(texts, solo=True)
+    assert np.allclose(plain, solo, atol=1e-5)
+    # the same graph: a graph swapped in by an exporter is swapped in both sessions
+    assert enc.with_text_model(enc._text_path)._solo_session is not enc._solo_session
+
+    off = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_solo=False))
+    assert off.has_solo_session is False and np.allclose(off.encode_text_detailed(texts, solo=True)[0], plain, atol=1e-5)
+    # one worker already has every core: no second session
+    assert load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=1)).has_solo_session is False

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from service.batcher import ContinuousBatcher, encode_texts, search_rows
+from service.batcher import ContinuousBatcher, LoneCallGate, encode_texts, search_rows
 
 
 class FakeEncoder:
@@ -261,3 +261,46 @@ def test_workers_run_calls_side_by_side_and_share_what_waits():
     assert calls[:2] == [1, 1]  # each worker took one of the two waiting requests
     assert calls[2:] == [6, 6]  # the twelve that waited were shared by the two idle workers
     assert [r[0][0, 0] for r in results] == [2.0] * 2 + [2.0] * 10 + [3.0] * 2
+
+
+def test_a_lone_call_runs_alone_and_calls_that_start_during_it_wait_for_it():
+    gate = LoneCallGate()
+    with gate.call() as lone:
+        assert lone  # nothing else runs: it may use every core
+    with gate.call(may_run_alone=False) as lone:
+        assert not lone  # a call too large to go alone never does
+
+    in_lone, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def lone_call():
+        with gate.call() as lone:
+            order.append(f"lone {lone}")
+            in_lone.set()
+            release.wait(10)
+            order.append("lone ends")
+
+    def other_call():
+        with gate.call() as lone:
+            order.append(f"other {lone}")
+
+    first = threading.Thread(target=lone_call)
+    first.start()
+    assert in_lone.wait(10)
+    second = threading.Thread(target=other_call)
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # held while the lone call has the cores
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert order == ["lone True", "lone ends", "other True"]
+
+
+def test_a_call_that_starts_beside_another_runs_on_its_share_without_waiting():
+    gate = LoneCallGate()
+    with gate.call(may_run_alone=False) as first:  # e.g. a batch of 8: a single-core call
+        with gate.call() as second:  # started while another runs: no wait, and not alone
+            assert (first, second) == (False, False)
+    with gate.call() as again:
+        assert again  # nothing runs any more
