@@ -217,8 +217,9 @@ class LoneCallGate:
     during it until it ends, so a lone call and a single-threaded one never share the cores.
 
     The encoder's workers run single-threaded calls side by side under load (more texts/s than one
-    call on every core); a call that finds the encoder idle (low load) has the cores to itself and
-    runs on all of them, so one text costs less than the single-threaded call."""
+    call on every core); a call that may run alone (the service's only request: low load) and finds
+    no other call running has the cores to itself, so one text costs less than the single-threaded
+    call."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

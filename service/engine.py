@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Awaitable, Callable, TypeVar
 
 import numpy as np
 
@@ -45,10 +47,11 @@ from service.schemas import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
 RETRY_LOAD_S = 5.0  # a service that could not load its index at start tries again this often
-# a lone encoder call of at most this many texts runs on every core: low-load calls carry one request
-# (1 text, or 4 with a consistency report); calls of a loaded encoder carry its batch (8 on CPU)
+# an encoder call of at most this many texts runs on every core when its request is the only one in
+# flight: it carries 1 text, or 4 with a consistency report
 SOLO_MAX_TEXTS = 4
 
 
@@ -108,6 +111,18 @@ def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, ve
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:
     encoder = load_encoder(bundle, settings, precision)
     return Active(encoder, load_snapshot(store, encoder, settings))
+
+
+def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Counts the engine's requests in flight (``SearchEngine.in_flight``) while ``method`` runs."""
+    @functools.wraps(method)
+    async def run(self: SearchEngine, *args, **kwargs) -> T:
+        self.in_flight += 1
+        try:
+            return await method(self, *args, **kwargs)
+        finally:
+            self.in_flight -= 1
+    return run
 
 
 @dataclass
@@ -171,6 +186,7 @@ class SearchEngine:
             max_expect_wait_ms=settings.max_index_wait_ms,
         )
         self._lone_calls = LoneCallGate()
+        self.in_flight = 0  # requests being answered (search, image, similar, embeddings)
         self._sources: dict[str, ParaphraseSource] = {}
         self._banks: dict[str, CaptionBank] = {}
         self.default_expansion = (Expansion.model_validate_json(settings.default_expansion)
@@ -326,7 +342,9 @@ class SearchEngine:
 
     # -- embeddings ----------------------------------------------------------------------------
     def _encode(self, encoder: Encoder, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        with self._lone_calls.call(encoder.has_solo_session and len(texts) <= SOLO_MAX_TEXTS) as solo:
+        # alone: no other request in flight (under load the workers' single-threaded calls do more)
+        alone = encoder.has_solo_session and len(texts) <= SOLO_MAX_TEXTS and self.in_flight <= 1
+        with self._lone_calls.call(alone) as solo:
             return encoder.encode_text_detailed(texts, batch_size=max(len(texts), 1), solo=solo)
 
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
@@ -402,6 +420,7 @@ class SearchEngine:
         feedback = await asyncio.to_thread(lambda: np.stack([active.snapshot.vectors_of([i for i in row if i >= 0]) for row in top]))
         return rocchio(queries, feedback, exp.alpha, exp.beta), []
 
+    @counted
     async def search(self, req: SearchRequest) -> dict:
         """The response as a JSON-ready dict (the route returns it without re-validating it).
 
@@ -470,6 +489,7 @@ class SearchEngine:
         return hit
 
     # -- image queries ---------------------------------------------------------------------------
+    @counted
     async def search_image(self, data: bytes, k: int, offset: int = 0, field: str = "image",
                            flt: SearchFilter | None = None) -> dict:
         """Search with the bundle's image tower applied to an uploaded image."""
@@ -497,6 +517,7 @@ class SearchEngine:
         except ImageDecodeError as exc:
             raise RequestError(field, f"the upload {exc}", status=413 if exc.too_large else 422) from exc
 
+    @counted
     async def search_similar(self, image_id: int, k: int, offset: int = 0, include_self: bool = False,
                              flt: SearchFilter | None = None) -> dict:
         """"More like this": the stored vector of an indexed image is the query."""
@@ -534,6 +555,7 @@ class SearchEngine:
         return body
 
     # -- OpenAI-compatible embeddings -------------------------------------------------------------
+    @counted
     async def embeddings(self, req: EmbeddingsRequest) -> dict:
         """Text embeddings by the served text tower, through the same cache and micro-batcher as search."""
         active = self.require_active()

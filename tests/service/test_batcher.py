@@ -304,3 +304,54 @@ def test_a_call_that_starts_beside_another_runs_on_its_share_without_waiting():
             assert (first, second) == (False, False)
     with gate.call() as again:
         assert again  # nothing runs any more
+
+
+def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_path):
+    """The solo session (every core) serves the service's only request in flight; calls made while
+    other requests are being answered, or of many texts, stay on the workers' single-threaded session."""
+    from core.settings import Settings
+    from service.engine import SOLO_MAX_TEXTS, SearchEngine
+    from service.prometheus import ServiceMetrics
+
+    class Recorder:
+        has_solo_session = True
+
+        def __init__(self):
+            self.solo: list[bool] = []
+
+        def encode_text_detailed(self, texts, batch_size, solo=False):
+            self.solo.append(solo)
+            return np.zeros((len(texts), 2), np.float32), [False] * len(texts)
+
+    engine = SearchEngine(Settings(home=tmp_path), ServiceMetrics())
+    encoder = Recorder()
+    engine.in_flight = 1
+    engine._encode(encoder, ["a dog"])
+    engine._encode(encoder, ["t"] * (SOLO_MAX_TEXTS + 1))
+    engine.in_flight = 2
+    engine._encode(encoder, ["a dog"])
+    encoder.has_solo_session = False
+    engine.in_flight = 1
+    engine._encode(encoder, ["a dog"])
+    assert encoder.solo == [True, False, False, False]
+
+
+def test_requests_in_flight_are_counted_until_they_end_or_fail():
+    from service.engine import counted
+
+    class Engine:
+        in_flight = 0
+
+        @counted
+        async def answer(self):
+            return self.in_flight
+
+        @counted
+        async def fail(self):
+            raise ValueError("bad input")
+
+    engine = Engine()
+    assert asyncio.run(engine.answer()) == 1
+    with pytest.raises(ValueError):
+        asyncio.run(engine.fail())
+    assert engine.in_flight == 0
