@@ -36,8 +36,8 @@ class Settings(BaseSettings):
     encoder_threads: int | None = Field(None, ge=1, description="intra-op threads per call (default: cores / workers)")
     encoder_workers: int | None = Field(None, ge=1, le=64, description="encoder calls at once (default: 2 on 2+ cores)")
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
-    encoder_solo: bool = Field(True, description="a small encoder call that runs alone uses every core (a second "
-                               "session of the text tower, CPU only): lower latency at low load")
+    encoder_solo: bool = Field(True, description="the encoder call of the only request in flight (up to 4 texts) "
+                               "uses every core (a second session of the text tower, CPU only): lower latency at low load")
     faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
     faiss_batch_threads: int | None = Field(None, ge=1, description="threads of merged searches of 2+ rows (default: every core)")
     snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the current version changes (the snapshot "
