@@ -78,9 +78,14 @@ def test_shipped_int8_evaluation_is_what_quantize_measures(starter_bundle, share
                                  "--eval-images", str(shared_data / "coco-mini" / "captions_val2017.json")])
     assert r.exit_code == 0, r.output
     measured = read_manifest(bundle).text_int8.evaluation
+    # fp32 is exact on any x86 CPU; onnxruntime's int8 products take another path on CPUs without VNNI
+    # (AVX2 only: AO@10 0.08 point lower on an AMD EPYC Zen 1), so int8 is held to a quarter point, half
+    # the margin the int8 qualification allows
+    tolerance = {"fp32": 1e-6, "int8": 0.25}
     for metric in ("ao_at_10", "t2i_r_at_10"):
         for precision in ("fp32", "int8"):
-            assert getattr(measured, metric)[precision] == pytest.approx(getattr(shipped.evaluation, metric)[precision], abs=1e-6)
+            assert getattr(measured, metric)[precision] == pytest.approx(getattr(shipped.evaluation, metric)[precision],
+                                                                          abs=tolerance[precision])
     serves = "int8" if shipped.qualifies()[0] else "fp32"
     assert f"auto precision serves {serves}" in r.output
     assert Encoder(bundle, precision="auto", load_image=False).precision == serves
