@@ -11,11 +11,11 @@ Redis restart costs no cache-less pause.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 
 import numpy as np
+import orjson
 from cachetools import LRUCache
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def text_key(text: str) -> str:
 
 
 def params_key(params: dict) -> str:
-    return hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha1(orjson.dumps(params, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)).hexdigest()
 
 
 class CircuitBreaker:
@@ -141,6 +141,8 @@ class Cache:
         return f"paraseek:emb:{model_id}:{text_key(text)}"
 
     async def get_embeddings(self, model_id: str, texts: list[str]) -> list[np.ndarray | None]:
+        if self.backend == "off":
+            return [None] * len(texts)
         raw = await self._get_many([self._emb_key(model_id, t) for t in texts])
         out = [np.frombuffer(r, dtype=np.float32) if r is not None else None for r in raw]
         for r in out:
@@ -155,12 +157,15 @@ class Cache:
 
     # -- results -------------------------------------------------------------------------------
     async def get_result(self, key: str) -> dict | None:
+        if self.backend == "off":
+            return None
         (raw,) = await self._get_many([f"paraseek:res:{key}"])
         self.metrics.cache.labels("result", "hit" if raw is not None else "miss").inc()
-        return json.loads(raw) if raw is not None else None
+        return orjson.loads(raw) if raw is not None else None
 
     async def put_result(self, key: str, value: dict) -> None:
-        await self._set_many({f"paraseek:res:{key}": json.dumps(value).encode()}, self.result_ttl_s)
+        if self.backend != "off":  # serialising a response costs more than the rest of a cache hit
+            await self._set_many({f"paraseek:res:{key}": orjson.dumps(value)}, self.result_ttl_s)
 
     async def close(self) -> None:
         if self._redis is not None:

@@ -7,7 +7,9 @@ import asyncio
 import threading
 import time
 
-from service.cache import Cache, CircuitBreaker
+import numpy as np
+
+from service.cache import Cache, CircuitBreaker, params_key
 from service.prometheus import ServiceMetrics
 
 
@@ -41,6 +43,27 @@ def test_breaker_needs_consecutive_failures_and_probes_once():
 def test_breaker_opens_at_once_on_a_refused_connection():
     b = CircuitBreaker(failures_to_open=3, open_s=1.0, clock=FakeClock())
     assert b.failure(refused=True) and b.state == "open"
+
+
+def test_params_key_ignores_key_order_and_tells_values_apart():
+    a = {"request": {"query": "a dog", "k": 5, "filter": {"year": [2014, 2017]}}, "snapshot": "v1"}
+    b = {"snapshot": "v1", "request": {"filter": {"year": [2014, 2017]}, "k": 5, "query": "a dog"}}
+    assert params_key(a) == params_key(b)
+    assert params_key(a) != params_key({**a, "snapshot": "v2"})
+    assert params_key({1: "x"}) != params_key({2: "x"})  # non-string keys (ids) are allowed
+
+
+def test_results_and_embeddings_round_trip_in_the_lru_and_an_off_cache_keeps_nothing():
+    async def scenario(lru_size: int):
+        cache = Cache(ServiceMetrics(), lru_size=lru_size)
+        await cache.put_result("k", {"results": [{"id": 1, "score": 0.5}], "cache": "miss"})
+        await cache.put_embeddings("m", ["a dog"], np.ones((1, 3), np.float32))
+        return cache.backend, await cache.get_result("k"), await cache.get_embeddings("m", ["A  dog", "a cat"])
+
+    backend, result, (dog, cat) = asyncio.run(scenario(10))
+    assert backend == "lru" and result == {"results": [{"id": 1, "score": 0.5}], "cache": "miss"}
+    assert dog is not None and dog.tolist() == [1.0, 1.0, 1.0] and cat is None  # case and spaces do not matter
+    assert asyncio.run(scenario(0)) == ("off", None, [None, None])
 
 
 def _errors(metrics: ServiceMetrics) -> float:
