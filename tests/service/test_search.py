@@ -516,3 +516,38 @@ def test_merged_index_searches_answer_each_request_as_if_alone(make_settings, di
     searches = {s.name.rsplit("_", 1)[1]: s.value for m in engine.metrics.index_batch_size.collect() for s in m.samples
                 if s.name.endswith(("_count", "_sum"))}
     assert searches["count"] < len(queries)  # some of them did share a call
+
+
+def test_a_lone_request_encodes_and_searches_in_one_call_on_the_index_thread(make_settings, direct):
+    """The only request in flight skips the hop between the stages: its encoder call runs on the
+    index's thread, right before its search. With another request in flight it goes through the
+    encoder stage (where it could merge with others). Both ways give the same answer."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+
+    body = {"query": "a man riding a wave on a surfboard", "k": 8, "expansion": {"method": "none"},
+            "consistency": {"paraphrases": ["a surfer on a wave"], "k": 8}}
+    with TestClient(create_app(make_settings(lru_size=0))) as client:  # no cache: both requests encode
+        engine = client.app.state.engine
+        encoder = engine.require_active().encoder
+        threads: list[str] = []
+        encode = encoder.encode_text_detailed
+
+        def recording_encode(*args, **kwargs):
+            threads.append(threading.current_thread().name)
+            return encode(*args, **kwargs)
+
+        encoder.encode_text_detailed = recording_encode
+        alone = client.post("/v1/search", json=body).json()
+        engine.in_flight += 1  # another request being answered
+        beside = client.post("/v1/search", json={**body, "k": 7}).json()
+        engine.in_flight -= 1
+    assert threads[0].startswith("index") and threads[1].startswith("encoder")
+    assert [r["id"] for r in alone["results"]][:7] == [r["id"] for r in beside["results"]]
+    assert alone["consistency"]["paraphrases"][0]["ids"] == beside["consistency"]["paraphrases"][0]["ids"]
+    enc, snap = direct
+    _, ids = snap.search_ids(enc.encode_text([body["query"]]), 8)
+    assert [r["id"] for r in alone["results"]] == ids[0].tolist()
