@@ -22,6 +22,11 @@ measured on texts like the requests' (a caption and a number). A second ceiling 
 service's own encoder layout (its workers side by side, single-threaded, in batches of 8), which
 encodes more than one call on all cores: the ratio against it is printed too.
 
+The concurrency-1 target (p50 <= encoder batch-1 + index batch-1 + 3 ms, at 100K) is checked by
+alternating rounds of the two batch-1 timings (in this process, the server idle) and of a
+concurrency-1 run, medians of three: on a shared machine whose speed drifts within minutes, a budget
+measured at the start of a section does not compare with a row run minutes later.
+
     python -m loadtests.bench_service [--seconds 8] [--scale-seconds 5] [--sizes 76 100000 1000000]
         [--bundles starter vit-b-32] [--work DIR] [--skip-demo] [--skip-scale] [--data ../shared/data]
 """
@@ -292,7 +297,28 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of) ->
     return out
 
 
+def latency_check(url: str, encoder: Encoder, snap, query: np.ndarray, texts: list[str], make_body,
+                  rounds: int = 3, seconds: float = 2.0) -> dict:
+    """The concurrency-1 target measured side by side: rounds of encoder batch-1 and index batch-1 time
+    (this process, the server idle) alternating with a concurrency-1 run against the server; medians.
+    This machine's speed drifts by 10-20 % within minutes, so a budget measured once at the start of a
+    section and a row run minutes later do not compare."""
+    from index.faiss_index import set_threads
+
+    set_threads(1)  # batch 1 as the server runs it
+    step = iter(range(10**9))
+    enc, idx, p50 = [], [], []
+    for _ in range(rounds):
+        enc.append(_median_rate(lambda: encoder.encode_text([texts[next(step) % len(texts)]], batch_size=1), 1, 1.0)[0] * 1000)
+        idx.append(_median_rate(lambda: snap.search_ids(query, 10), 1, 1.0)[0] * 1000)
+        offset = 900_000_000 + next(step) * 1_000_000
+        p50.append(asyncio.run(drive(url, lambda i, o=offset: make_body(i + o), 1, seconds))["p50"])
+    return {"enc_b1_ms": statistics.median(enc), "index_b1_ms": statistics.median(idx), "p50": statistics.median(p50)}
+
+
 def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
+    from index.snapshot import Snapshot
+
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     texts = [f"{g[0]} ({i})" for i, g in enumerate(groups[:64], start=7_000_000)]  # like the requests'
@@ -323,6 +349,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                   f"index {ix['type']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; int8 encode+search back to back "
                   f"{ix['request_floor_ms']:.2f} ms"
                   + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
+            snap = Snapshot.load(root, verify=False)  # for the latency checks
             for precision, batching in (("int8", True), ("fp32", True), ("int8", False)):
                 ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])
                 ceiling_layout = 1 / (1 / c[precision]["E_service"] + 1 / ix["I"])
@@ -336,13 +363,15 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                         r = asyncio.run(drive(url, lambda i, o=offset: plain(i + o), conc, args.scale_seconds))
                         row = {"bundle": bundle_name, "size": size, "index": ix["type"], "precision": precision,
                                "batching": batching, "conc": conc, **r, "ceiling": ceiling, "ratio": r["qps"] / ceiling,
-                               "ratio_layout": r["qps"] / ceiling_layout,
-                               "budget_ms": c[precision]["enc_b1_ms"] + ix["index_b1_ms"] + 3,
-                               "floor_ms": ix["request_floor_ms"]}
+                               "ratio_layout": r["qps"] / ceiling_layout}
                         results.append(row)
                         print(f"{bundle_name:18} {size:>8} {ix['type']:8} {precision:5} {'on' if batching else 'off':5} "
                               f"{conc:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:7.1f} {ceiling:7.1f} "
                               f"{r['qps'] / ceiling:6.2f} {r['qps'] / ceiling_layout:6.2f} {r['failures']:>4}", flush=True)
+                    if size == 100_000 and batching and 1 in args.concurrency:
+                        check = latency_check(url, Encoder(bundle, precision=precision, load_image=False), snap,
+                                              queries_of(snap.manifest.dim)[:1], texts, plain)
+                        results.append({"bundle": bundle_name, "precision": precision, "latency_check": check})
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     try:
@@ -353,19 +382,21 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     print()
     ok = True
     for row in results:
-        if row["size"] == 100_000 and row["batching"] and row["conc"] == 32:
+        if "latency_check" in row:
+            check = row["latency_check"]
+            budget = check["enc_b1_ms"] + check["index_b1_ms"] + 3
+            met = check["p50"] <= budget
+            ok &= met
+            print(f"{row['bundle']} {row['precision']} 100K, concurrency 1 (3 alternating rounds, medians): p50 "
+                  f"{check['p50']:.2f} ms vs encoder b1 {check['enc_b1_ms']:.2f} + index b1 {check['index_b1_ms']:.2f} "
+                  f"+ 3 ms = {budget:.2f} ms -> {'met' if met else 'NOT met'}")
+        elif row["size"] == 100_000 and row["batching"] and row["conc"] == 32:
             met = row["ratio"] >= 0.8
             ok &= met
             print(f"{row['bundle']} {row['precision']} 100K, concurrency 32: throughput / ceiling {row['ratio']:.2f} "
                   f"(target >= 0.80) -> {'met' if met else 'NOT met'}; against the service-layout ceiling "
                   f"{row['ratio_layout']:.2f}")
-        if row["size"] == 100_000 and row["batching"] and row["conc"] == 1:
-            met = row["p50"] <= row["budget_ms"]
-            ok &= met
-            print(f"{row['bundle']} {row['precision']} 100K, concurrency 1: p50 {row['p50']:.2f} ms vs encoder b1 + index b1 "
-                  f"+ 3 ms = {row['budget_ms']:.2f} ms -> {'met' if met else 'NOT met'} (int8 encode+search back to back "
-                  f"+ 3 ms = {row['floor_ms'] + 3:.2f} ms)")
-    return ok and all(row["failures"] == 0 for row in results)
+    return ok and all(row.get("failures", 0) == 0 for row in results)
 
 
 def main(argv=None) -> int:
