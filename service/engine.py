@@ -472,21 +472,21 @@ class SearchEngine:
             searched = await self._encode_and_search_alone(active, view, req, texts, k_search)
         else:
             searched = await self._encode_then_search(active, view, req, texts, k_search)
-        truncated, rows, scores, ids, t_enc = searched.truncated, searched.rows, searched.scores, searched.ids, searched.t_enc
-        t_search = time.perf_counter()
+        t_enc, t_search = searched.t_enc, time.perf_counter()
         self.metrics.stage.labels("encode").observe(t_enc - t0)
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 
-        ranked = self._fuse(req.k, req.offset, scores, ids, rows.fused)
+        ranked = self._fuse(req.k, req.offset, searched.scores, searched.ids, searched.rows.fused)
         results = await self._results(active.snapshot, ranked)
-        report = self._consistency_report(req, texts.paraphrases, ids, rows) if texts.paraphrases else None
+        report = (self._consistency_report(req, texts.paraphrases, searched.ids, searched.rows)
+                  if texts.paraphrases else None)
         response = SearchResponse(
             results=results, bundle=active.encoder.name, bundle_version=active.encoder.version,
             snapshot_version=active.snapshot.version,
             timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000,
                             total_ms=(time.perf_counter() - t0) * 1000),
             cache="miss" if self.cache.backend != "off" else "off",
-            truncated=bool(truncated[0]) if req.query is not None else any(truncated),
+            truncated=bool(searched.truncated[0]) if req.query is not None else any(searched.truncated),
             expansions=(texts.expansions or searched.neighbour_texts) or None, consistency=report,
         )
         body = response.model_dump(mode="json", exclude_none=True)
