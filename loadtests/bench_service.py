@@ -349,7 +349,8 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                   f"index {ix['type']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; int8 encode+search back to back "
                   f"{ix['request_floor_ms']:.2f} ms"
                   + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
-            snap = Snapshot.load(root, verify=False)  # for the latency checks
+            # the concurrency-1 checks (100K only) search this copy beside the server
+            snap = Snapshot.load(root, verify=False) if size == 100_000 else None
             for precision, batching in (("int8", True), ("fp32", True), ("int8", False)):
                 ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])
                 ceiling_layout = 1 / (1 / c[precision]["E_service"] + 1 / ix["I"])
@@ -368,7 +369,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                         print(f"{bundle_name:18} {size:>8} {ix['type']:8} {precision:5} {'on' if batching else 'off':5} "
                               f"{conc:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:7.1f} {ceiling:7.1f} "
                               f"{r['qps'] / ceiling:6.2f} {r['qps'] / ceiling_layout:6.2f} {r['failures']:>4}", flush=True)
-                    if size == 100_000 and batching and 1 in args.concurrency:
+                    if snap is not None and batching and 1 in args.concurrency:
                         check = latency_check(url, Encoder(bundle, precision=precision, load_image=False), snap,
                                               queries_of(snap.manifest.dim)[:1], texts, plain)
                         results.append({"bundle": bundle_name, "precision": precision, "latency_check": check})
