@@ -63,3 +63,27 @@ def test_server_encoders_get_a_solo_session_on_every_core_for_lone_calls(starter
     assert off.has_solo_session is False and np.allclose(off.encode_text_detailed(texts, solo=True)[0], plain, atol=1e-5)
     # one worker already has every core: no second session
     assert load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=1)).has_solo_session is False
+
+
+def _spins(session) -> bool:
+    try:
+        return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") != "0"
+    except RuntimeError:  # not set: onnxruntime's default, spinning
+        return True
+
+
+def test_only_the_solo_session_spins_in_a_server_unless_told_otherwise(starter_bundle, tmp_path, monkeypatch):
+    from core.settings import Settings
+    from service.engine import load_encoder
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    enc = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2))
+    # the workers' session sleeps between calls (the event loop needs the cores); a lone call's session
+    # spins between its operators
+    assert (_spins(enc._text_session), _spins(enc._solo_session)) == (False, True)
+    quiet = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_solo_spin=False))
+    assert (_spins(quiet._text_session), _spins(quiet._solo_session)) == (False, False)
+    busy = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_spin=True))
+    assert _spins(busy._text_session)
+    # a batch job's encoder spins as onnxruntime does by default
+    assert _spins(Encoder(starter_bundle, load_image=False)._text_session)
