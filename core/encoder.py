@@ -80,9 +80,9 @@ class Encoder:
     ``encode_text(..., solo=True)``: a server whose concurrent calls run single-threaded uses it for a
     call that runs while nothing else does, which then has every core (one caption, int8 starter, 2
     cores: 16.5 -> 10.1 ms). ``solo_spin`` lets that session's threads spin even where ``spin`` is off:
-    a sleeping thread is woken once per operator, and those wake-ups cost a lone request about 1 ms
-    (100K starter, p50 25.2 against 26.2 ms). The price is one core spinning for up to ~50 ms after a
-    lone call; under load no call runs alone (concurrency 8 and 32 throughput did not change).
+    a sleeping thread is woken once per operator, about 1 ms per lone request (100K starter, p50 25.2
+    against 26.2 ms). The price is one core spinning for up to ~50 ms after a lone call, which slows
+    what runs next on two threads: a bank-expanded search took 1.7x as long (demo, 30 against 18 ms).
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class Encoder:
         verify: bool = True,
         load_image: bool = True,
         spin: bool = True,
-        solo_spin: bool = True,
+        solo_spin: bool = False,
         memory_arena: bool = True,
     ):
         self.path = Path(bundle_dir)
@@ -161,7 +161,7 @@ class Encoder:
         if not self.memory_arena:
             # servers: batch activations are freed after each call instead of kept at their peak
             opts.enable_cpu_mem_arena = False
-        if not (self.solo_spin if solo else self.spin):
+        if not (self.spin or (solo and self.solo_spin)):
             # idle intra-op threads sleep instead of spinning: in a server they would otherwise burn the
             # cores the event loop needs between encoder calls
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")

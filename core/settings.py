@@ -38,9 +38,10 @@ class Settings(BaseSettings):
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
     encoder_solo: bool = Field(True, description="the encoder call of the only request in flight (up to 4 texts) "
                                "uses every core (a second session of the text tower, CPU only): lower latency at low load")
-    encoder_solo_spin: bool = Field(True, description="the solo session's threads spin between operators instead of "
-                                    "sleeping (100K starter, concurrency 1: about 1 ms less); one core then spins up "
-                                    "to ~50 ms after a lone call")
+    encoder_solo_spin: bool = Field(False, description="the solo session's threads spin between operators instead of "
+                                    "sleeping: plain searches about 1 ms faster (100K starter, concurrency 1), but one "
+                                    "core then spins ~50 ms after a lone call, and a bank-expanded search (the embedded "
+                                    "default) is 1.7x slower")
     faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
     faiss_batch_threads: int | None = Field(None, ge=1, description="threads of merged searches of 2+ rows (default: every core)")
     snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the current version changes (the snapshot "

@@ -72,18 +72,17 @@ def _spins(session) -> bool:
         return True
 
 
-def test_only_the_solo_session_spins_in_a_server_unless_told_otherwise(starter_bundle, tmp_path, monkeypatch):
+def test_server_encoders_sleep_between_operators_unless_told_to_spin(starter_bundle, tmp_path, monkeypatch):
     from core.settings import Settings
     from service.engine import load_encoder
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
+    # by default both sessions' threads sleep: the event loop and the index need the cores
     enc = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2))
-    # the workers' session sleeps between calls (the event loop needs the cores); a lone call's session
-    # spins between its operators
-    assert (_spins(enc._text_session), _spins(enc._solo_session)) == (False, True)
-    quiet = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_solo_spin=False))
-    assert (_spins(quiet._text_session), _spins(quiet._solo_session)) == (False, False)
-    busy = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_spin=True))
-    assert _spins(busy._text_session)
+    assert (_spins(enc._text_session), _spins(enc._solo_session)) == (False, False)
+    solo_spins = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_solo_spin=True))
+    assert (_spins(solo_spins._text_session), _spins(solo_spins._solo_session)) == (False, True)
+    both = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_spin=True))
+    assert (_spins(both._text_session), _spins(both._solo_session)) == (True, True)
     # a batch job's encoder spins as onnxruntime does by default
     assert _spins(Encoder(starter_bundle, load_image=False)._text_session)
