@@ -53,6 +53,14 @@ def starter_encoder(starter_bundle):
 
 
 @pytest.fixture(scope="session")
+def starter_bank(starter_encoder, tmp_path_factory):
+    """A small caption bank (the first 400 shipped captions) embedded by the starter."""
+    from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
+
+    return CaptionBank.build(starter_encoder, read_caption_texts(DEFAULT_TEXTS)[:400], tmp_path_factory.mktemp("bank"))
+
+
+@pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory):
     """A tiny random-initialised open_clip model, saved as a checkpoint and exported from it."""
     import training.torch_env  # noqa: F401  (torchvision shim before open_clip)

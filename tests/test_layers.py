@@ -94,13 +94,19 @@ def test_cli_and_training_entry_points_import_no_torch():
     assert "torch" not in loaded
 
 
-def test_serve_startup_imports_no_torch(tmp_path, starter_bundle):
+def test_serve_startup_imports_no_torch(tmp_path, starter_bundle, starter_bank):
     """`paraseek serve` with a prebuilt starter: the embedded default is resolved and the app built
     without torch."""
     import os
 
+    from core.bundle import read_manifest
+    from paraphrase.caption_bank import bank_dir
+
     home = tmp_path / "home"
     shutil.copytree(starter_bundle, home / "bundles" / "starter")
+    # a small bank where the default one goes: embedding all shipped captions takes ~90 s here, and
+    # building a bank is the encoder's work, tested with the caption bank
+    shutil.copytree(starter_bank.path, bank_dir(home, read_manifest(starter_bundle)))
     env = {**os.environ, "PARASEEK_HOME": str(home), "PARASEEK_STARTER": "plain"}
     extra = (
         "from core.settings import Settings\nfrom training.embedded import ensure_embedded_default\n"

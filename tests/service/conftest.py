@@ -185,11 +185,3 @@ def fake_llm():
     thread.start()
     yield {"url": f"http://127.0.0.1:{server.server_address[1]}/v1", "handler": _FakeChat}
     server.shutdown()
-
-
-@pytest.fixture(scope="session")
-def starter_bank(starter_encoder, tmp_path_factory):
-    """A small caption bank (the first 400 shipped captions) embedded by the starter."""
-    from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
-
-    return CaptionBank.build(starter_encoder, read_caption_texts(DEFAULT_TEXTS)[:400], tmp_path_factory.mktemp("bank"))

@@ -21,7 +21,7 @@ def _nltk(shared_data, monkeypatch):
 
 @pytest.fixture()
 def few_caption_sets(tmp_path):
-    """The first 400 paraphrase sets of the shipped captions (all 3,681 make the anchor targets slow)."""
+    """The first 100 paraphrase sets of the shipped captions (all 3,681 make the anchor targets slow)."""
     from paraphrase.caption_bank import DEFAULT_TEXTS
 
     lines = gzip.open(DEFAULT_TEXTS, "rt", encoding="utf-8").read().splitlines()
@@ -31,9 +31,9 @@ def few_caption_sets(tmp_path):
         image_id = line.split("\t", 1)[0]
         if image_id not in ids:
             ids.append(image_id)
-        if len(ids) > 400:
+        if len(ids) > 100:
             break
-    out.write_text("\n".join([lines[0], *(line for line in lines[1:] if line.split("\t", 1)[0] in ids[:400])]) + "\n")
+    out.write_text("\n".join([lines[0], *(line for line in lines[1:] if line.split("\t", 1)[0] in ids[:100])]) + "\n")
     return out
 
 
@@ -63,7 +63,9 @@ def test_recipe_uses_the_shipped_data(starter_bundle, tmp_path):
 
 
 def test_short_run_brings_paraphrases_closer(starter_bundle, shared_data, tmp_path, few_caption_sets):
-    spec = robust(starter_bundle, tmp_path, few_caption_sets, "train.steps=25", "train.lr=1e-4", "data.text_per_batch=32",
+    # 15 steps of 16 of the 100 sets: the margin on unseen pairs rose by 0.0135 here (25 steps over 150
+    # sets: 0.024, in 1.3x the time)
+    spec = robust(starter_bundle, tmp_path, few_caption_sets, "train.steps=15", "train.lr=1e-4", "data.text_per_batch=16",
                   "train.batch_size=16", "train.wise_ft_alpha=1.0", "train.warmup_steps=2")
     trainer = Trainer(spec, tmp_path / "run")
     pairs = read_pairs(shared_data / "paraphrase/cxc_dev_pairs.tsv")[:120]  # never trained on
