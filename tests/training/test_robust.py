@@ -3,11 +3,13 @@ paraphrases closer, and the shipped tuned layers build a bundle in the starter's
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from core.bundle import read_manifest
 from core.encoder import Encoder
 from evaluation.data import read_pairs
 from training.recipe import load_recipe
@@ -82,13 +84,27 @@ def test_short_run_brings_paraphrases_closer(starter_bundle, shared_data, tmp_pa
     assert after > before + 0.005, (before, after)
 
 
-def test_shipped_layers_build_the_robust_starter(starter_bundle, tmp_path):
-    from training.export.starter import ROBUST_LAYERS, build_starter
+@pytest.fixture(scope="module")
+def embedded_home(tmp_path_factory) -> Path:
+    """A PARASEEK_HOME where the embedded default was built as a first start builds it (the robust
+    starter from the shipped tuned layers, then the demo snapshot; no bank). Both tests below read the
+    one build: building the robust starter takes about a minute here."""
+    from core.settings import Settings
+    from training.embedded import ensure_embedded_default
+
+    home = tmp_path_factory.mktemp("embedded") / "home"
+    ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
+    return home
+
+
+def test_shipped_layers_build_the_robust_starter(starter_bundle, embedded_home):
+    from training.export.starter import ROBUST_LAYERS
 
     card = json.loads(ROBUST_LAYERS.with_suffix(".json").read_text())
     assert card["recipe"]["name"] == "robust-starter" and card["measured"]["robust"]["ao@10"] > card["measured"]["plain"]["ao@10"]
-    manifest = build_starter(tmp_path / "robust", int8=False, tuned_layers=ROBUST_LAYERS)
-    plain, tuned = Encoder(starter_bundle), Encoder(tmp_path / "robust")
+    robust_bundle = embedded_home / "bundles/starter-robust"
+    manifest = read_manifest(robust_bundle)
+    plain, tuned = Encoder(starter_bundle), Encoder(robust_bundle)
     assert manifest.name == "paraseek-starter-robust" and tuned.image_space == plain.image_space
     assert manifest.source["robust_text_tower"]["recipe"]["name"] == "robust-starter"
     texts = ["a dog on a beach", "two men playing frisbee in a park"]
@@ -100,19 +116,20 @@ def test_shipped_layers_build_the_robust_starter(starter_bundle, tmp_path):
     np.testing.assert_allclose(tuned.encode_images(photo), plain.encode_images(photo), atol=1e-5)  # same image tower
 
 
-def test_embedded_default_serves_the_robust_starter(tmp_path, monkeypatch):
-    from core.bundle import read_manifest
+def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
     from core.settings import Settings
     from training.embedded import ensure_embedded_default
 
-    monkeypatch.setenv("PARASEEK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PARASEEK_HOME", str(embedded_home))
     settings = Settings()
-    assert settings.starter == "robust" and settings.bundle_dir == tmp_path / "home/bundles/starter-robust"
+    assert settings.starter == "robust" and settings.bundle_dir == embedded_home / "bundles/starter-robust"
+    built = sorted(p.relative_to(embedded_home) for p in embedded_home.rglob("*"))
     bundle, snapshot = ensure_embedded_default(settings, progress=False, with_bank=False)
+    assert sorted(p.relative_to(embedded_home) for p in embedded_home.rglob("*")) == built  # a warm start builds nothing
     assert read_manifest(bundle).name == "paraseek-starter-robust"
     assert (snapshot / "current").is_file()
     monkeypatch.setenv("PARASEEK_STARTER", "plain")
-    assert Settings().bundle_dir == tmp_path / "home/bundles/starter"  # the plain starter stays selectable
+    assert Settings().bundle_dir == embedded_home / "bundles/starter"  # the plain starter stays selectable
 
     # with PARASEEK_INDEX_BACKEND=milvus the demo gallery is served from Milvus Lite under the home folder
     monkeypatch.setenv("PARASEEK_STARTER", "robust")
@@ -122,7 +139,7 @@ def test_embedded_default_serves_the_robust_starter(tmp_path, monkeypatch):
     from index.store import store_from_settings
 
     store = store_from_settings(milvus)
-    assert milvus.milvus_location == str(tmp_path / "home/milvus/paraseek.db")
+    assert milvus.milvus_location == str(embedded_home / "milvus/paraseek.db")
     served = store.load(image_space=read_manifest(bundle).image_space)
     assert served.backend == "milvus" and len(served) == 76
 
