@@ -42,8 +42,9 @@ class Settings(BaseSettings):
                                     "sleeping: plain searches about 1 ms faster (100K starter, concurrency 1), but one "
                                     "core then spins ~50 ms after a lone call, and a bank-expanded search (the embedded "
                                     "default) is 1.7x slower")
-    faiss_threads: int | None = Field(1, ge=1, description="1 is fastest for batch-1 exact search here")
-    faiss_batch_threads: int | None = Field(None, ge=1, description="threads of merged searches of 2+ rows (default: every core)")
+    faiss_threads: int | None = Field(1, ge=1, description="threads of a one-row search while other requests are in flight")
+    faiss_batch_threads: int | None = Field(
+        None, ge=1, description="threads of merged searches of 2+ rows and of a lone request's search (default: every core)")
     snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the current version changes (the snapshot "
                                    "root's `current`, or the Milvus alias): replicas pick up another replica's reindex")
 

@@ -30,13 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from core.errors import UserError
 from core.integrity import checksums, verify_checksums
 from index.faiss_index import (
+    BLAS_MIN_QUERIES,
+    SPLIT_SCAN_MIN_ROWS,
     ExactVectors,
     IndexSpec,
     apply_search_params,
+    flat_rows,
     masked_exact_search,
     search,
     search_parameters,
+    search_threads,
     set_threads,
+    split_scan,
     to_search_device,
 )
 from index.filters import FilterColumns, SearchFilter, user_field_names
@@ -276,6 +281,8 @@ class Snapshot(SearchableSnapshot):
         self._filters: OrderedDict[str, FilteredSnapshot] = OrderedDict()
         self._columns: FilterColumns | None = None
         self._lock = threading.Lock()
+        # a view of the flat index's own memory, for scans split among threads (no copy)
+        self._flat = flat_rows(index) if manifest.index.exact and device == "cpu" else None
 
     @classmethod
     def load(
@@ -319,9 +326,14 @@ class Snapshot(SearchableSnapshot):
         """(scores, ids), each (Q, k'), k' = min(k, size); padded ids are -1."""
         queries = self.check_queries(queries)
         spec = self.manifest.index
+        k = min(int(k), len(self.ids))
+        parts = search_threads()
+        if self._flat is not None and parts > 1 and len(queries) < BLAS_MIN_QUERIES and len(self._flat) >= SPLIT_SCAN_MIN_ROWS:
+            scores, numbers = split_scan(self._flat, queries, k, parts)
+            return scores, self.ids[numbers]
         # the id -> row map is built on first use, and only indexes that refine need it for searching
         exact = self.exact_vectors() if (spec.refine_factor or 1) > 1 and not spec.exact else None
-        return search(self.index, spec, queries, min(int(k), len(self.ids)), exact)
+        return search(self.index, spec, queries, k, exact)
 
     def filtered(self, flt: SearchFilter) -> FilteredSnapshot:
         key = flt.key()

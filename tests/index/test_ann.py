@@ -9,7 +9,7 @@ import pytest
 from core.rank_metrics import overlap_recall
 from index.builder import build_snapshot_from_vectors
 from index.faiss_index import ExactVectors, IndexSpec, apply_search_params, create_index, exact_search, search, train_and_add
-from index.faiss_index import tune_for_recall
+from index.faiss_index import search_threads, set_threads, split_scan, tune_for_recall
 from index.snapshot import Snapshot
 
 
@@ -132,3 +132,47 @@ def test_exact_search_is_exact_at_every_block_size_and_keeps_the_score_buffer_sm
     expected = np.argsort(-(queries @ base.T), axis=1)[:, :5] + 7
     assert (ids == expected).mean() > 0.999  # float ties aside
     assert faiss.cvar.distance_compute_blas_query_bs * faiss.cvar.distance_compute_blas_database_bs <= 4096 * 1024
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("n_queries", [1, 3])
+def test_split_scan_finds_what_one_scan_finds(parts, n_queries):
+    rng = np.random.default_rng(parts * 10 + n_queries)
+    rows = rng.standard_normal((10_001, 32), dtype=np.float32)
+    queries = rng.standard_normal((n_queries, 32), dtype=np.float32)
+    scores, numbers = split_scan(rows, queries, 5, parts)
+    products = queries @ rows.T
+    expected = np.argsort(-products, axis=1)[:, :5]
+    assert (numbers == expected).all()
+    assert np.allclose(scores, np.take_along_axis(products, expected, axis=1), atol=1e-4)
+    # parts smaller than k: each part gives what it has, the merge still keeps the top k overall
+    scores, numbers = split_scan(rows[:7], queries, 5, 3)
+    assert (numbers == np.argsort(-(queries @ rows[:7].T), axis=1)[:, :5]).all()
+
+
+def test_a_flat_snapshot_splits_a_few_queries_scan_among_its_threads(collection, tmp_path, monkeypatch):
+    """With one thread set for the calling thread a flat snapshot searches as faiss does; with more, a
+    search of 1-3 queries splits the collection among them, with the same answer."""
+    import index.snapshot as snapshot_module
+
+    vectors, _, queries, _ = collection
+    src = tmp_path / "vecs.npy"
+    np.save(src, vectors)
+    build_snapshot_from_vectors(src, tmp_path / "snap", image_space="test/space", progress=False, spec=IndexSpec(type="flat"))
+    snap = Snapshot.load(tmp_path / "snap")
+    calls: list[int] = []
+    monkeypatch.setattr(snapshot_module, "split_scan", lambda *a: calls.append(a[3]) or split_scan(*a))
+    monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 10_000)  # the collection has 20K
+    before = search_threads()
+    try:
+        set_threads(1)
+        one = [snap.search_ids(queries[:n], 10) for n in (1, 3, 4)]
+        assert calls == []
+        set_threads(2)
+        split = [snap.search_ids(queries[:n], 10) for n in (1, 3, 4)]
+        assert calls == [2, 2]  # 4 queries take faiss' matrix-product path instead
+    finally:
+        set_threads(before)
+    for (s1, i1), (s2, i2) in zip(one, split):
+        assert (i1 == i2).all() and np.allclose(s1, s2, atol=1e-5)
+    assert (split[1][1] == exact_search(vectors, np.arange(len(vectors), dtype=np.int64), queries[:3], 10)).all()

@@ -551,3 +551,32 @@ def test_a_lone_request_encodes_and_searches_in_one_call_on_the_index_thread(mak
     enc, snap = direct
     _, ids = snap.search_ids(enc.encode_text([body["query"]]), 8)
     assert [r["id"] for r in alone["results"]] == ids[0].tolist()
+
+
+def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make_settings):
+    """A lone request's search runs after its encoder call has left every core idle, so it gets them
+    all (an exact scan splits among them); a one-row search while others are in flight gets
+    PARASEEK_FAISS_THREADS."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from index.faiss_index import search_threads
+    from service.main import create_app
+
+    with TestClient(create_app(make_settings(lru_size=0, faiss_threads=1))) as client:
+        engine = client.app.state.engine
+        snapshot = engine.require_active().snapshot
+        seen: list[tuple[int, int]] = []
+        search = snapshot.search_ids
+
+        def recording_search(queries, k):
+            seen.append((len(queries), search_threads()))
+            return search(queries, k)
+
+        snapshot.search_ids = recording_search
+        assert client.post("/v1/search", json={"query": "a dog on a sofa", "expansion": {"method": "none"}}).status_code == 200
+        engine.in_flight += 1  # another request being answered
+        assert client.post("/v1/search", json={"query": "a cat on a sofa", "expansion": {"method": "none"}}).status_code == 200
+        engine.in_flight -= 1
+    assert seen == [(1, os.cpu_count()), (1, 1)]
