@@ -7,6 +7,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from typing import Literal
 
 import faiss
@@ -135,6 +136,19 @@ def search_threads() -> int:
     return int(faiss.omp_get_max_threads())
 
 
+@contextmanager
+def one_thread():
+    """FAISS on one OpenMP thread for the calling thread meanwhile. faiss shares a search out by query,
+    so a single query gains nothing from a team of threads, whose idle members then spin for a while
+    on the cores the next encoder call needs (the embedded default: ~5 ms of CPU per request)."""
+    own = search_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(own)
+
+
 # faiss' exhaustive search shares work out by query, so one query scans the whole collection on one
 # thread while the other cores idle. Split below this many rows, the fork/join costs more than it saves.
 SPLIT_SCAN_MIN_ROWS = 32_768
@@ -177,12 +191,8 @@ def split_scan(rows: np.ndarray, queries: np.ndarray, k: int, parts: int) -> tup
     use_blas_for(len(queries))
     pending = [_scan_helpers().submit(_scan_part, rows, int(b), int(e), queries, k)
                for b, e in zip(bounds[1:-1], bounds[2:])]
-    own = search_threads()
-    faiss.omp_set_num_threads(1)
-    try:
+    with one_thread():
         found = [_scan_part(rows, 0, int(bounds[1]), queries, k)]
-    finally:
-        faiss.omp_set_num_threads(own)
     found += [p.result() for p in pending]
     scores = np.concatenate([f[0] for f in found], axis=1)
     numbers = np.concatenate([f[1] for f in found], axis=1)
@@ -292,9 +302,10 @@ def search(index: faiss.Index, spec: IndexSpec, queries: np.ndarray, k: int,
     (``search_parameters``) restricts the search to a set of ids."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     use_blas_for(len(queries))
-    if (spec.refine_factor or 1) <= 1 or exact is None or spec.exact:
-        return index.search(queries, k, params=params)
-    _, candidates = index.search(queries, min(k * (spec.refine_factor or 1), index.ntotal), params=params)
+    with one_thread() if len(queries) == 1 else nullcontext():
+        if (spec.refine_factor or 1) <= 1 or exact is None or spec.exact:
+            return index.search(queries, k, params=params)
+        _, candidates = index.search(queries, min(k * (spec.refine_factor or 1), index.ntotal), params=params)
     return exact.rerank(queries, candidates, k)
 
 

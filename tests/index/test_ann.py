@@ -176,3 +176,30 @@ def test_a_flat_snapshot_splits_a_few_queries_scan_among_its_threads(collection,
     for (s1, i1), (s2, i2) in zip(one, split):
         assert (i1 == i2).all() and np.allclose(s1, s2, atol=1e-5)
     assert (split[1][1] == exact_search(vectors, np.arange(len(vectors), dtype=np.int64), queries[:3], 10)).all()
+
+
+def test_a_single_query_searches_on_one_openmp_thread_and_the_setting_is_restored():
+    """One query gains nothing from an OpenMP team (faiss shares a search out by query), whose idle
+    thread would then spin on a core the next encoder call needs."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((1_000, 16), dtype=np.float32)
+    flat = create_index(IndexSpec(type="flat"), 16)
+    train_and_add(flat, base, np.arange(len(base)))
+    seen: list[int] = []
+
+    class Recording:  # the index, noting the calling thread's OpenMP setting at each search
+        ntotal = flat.ntotal
+
+        def search(self, queries, k, params=None):
+            seen.append(search_threads())
+            return flat.search(queries, k, params=params)
+
+    before = search_threads()
+    try:
+        set_threads(2)
+        spec = IndexSpec(type="flat").resolved(len(base), 16)
+        for n in (1, 2):
+            search(Recording(), spec, base[:n], 5)
+        assert seen == [1, 2] and search_threads() == 2
+    finally:
+        set_threads(before)
