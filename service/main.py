@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core import __version__
+from core.cpu_threads import limit_pthread_blas
 from core.settings import Settings
 from core.tokenizer import EmptyTextError
 from index.store import IndexUnavailable
@@ -193,4 +194,5 @@ def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = N
 
     settings = settings or Settings()
     configure_logging(settings.log_json)
+    limit_pthread_blas()  # this process's parallelism is the encoder's and faiss' threads
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)

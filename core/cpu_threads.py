@@ -1,0 +1,26 @@
+"""Thread pools of native libraries in a serving process.
+
+numpy's OpenBLAS runs its own pthreads pool, whose idle threads spin for a while after every matrix
+product. A server's numpy products are small (a caption-bank lookup, a re-rank of candidates), and
+the spinning thread holds a core the next encoder call needs. OpenMP builds of BLAS (faiss' own)
+follow the OpenMP thread settings instead and are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def limit_pthread_blas(threads: int = 1):
+    """Cap every pthreads-threaded BLAS loaded in this process (numpy's OpenBLAS) at ``threads``; returns
+    threadpoolctl's limiter (``restore_original_limits()`` undoes it), or None without threadpoolctl.
+    Measured on the embedded default, 2 cores, requests alternating between two servers in blocks:
+    bank-expanded search p50 19.0 -> 17.1 ms."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # the serve extra brings it; without it the pools keep their defaults
+        log.info("threadpoolctl is not installed: BLAS thread pools keep their defaults")
+        return None
+    return ThreadpoolController().select(threading_layer="pthreads").limit(limits=threads)
