@@ -21,9 +21,12 @@ def _nltk(shared_data, monkeypatch):
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
 
 
+FEW_SETS = 100
+
+
 @pytest.fixture()
 def few_caption_sets(tmp_path):
-    """The first 100 paraphrase sets of the shipped captions (all 3,681 make the anchor targets slow)."""
+    """The first FEW_SETS paraphrase sets of the shipped captions (all 3,681 make the anchor targets slow)."""
     from paraphrase.caption_bank import DEFAULT_TEXTS
 
     lines = gzip.open(DEFAULT_TEXTS, "rt", encoding="utf-8").read().splitlines()
@@ -33,9 +36,9 @@ def few_caption_sets(tmp_path):
         image_id = line.split("\t", 1)[0]
         if image_id not in ids:
             ids.append(image_id)
-        if len(ids) > 100:
+        if len(ids) > FEW_SETS:
             break
-    out.write_text("\n".join([lines[0], *(line for line in lines[1:] if line.split("\t", 1)[0] in ids[:100])]) + "\n")
+    out.write_text("\n".join([lines[0], *(line for line in lines[1:] if line.split("\t", 1)[0] in ids[:FEW_SETS])]) + "\n")
     return out
 
 
