@@ -79,10 +79,10 @@ class Encoder:
     ``solo_threads`` adds a second text session with that many threads, for
     ``encode_text(..., solo=True)``: a server whose concurrent calls run single-threaded uses it for a
     call that runs while nothing else does, which then has every core (one caption, int8 starter, 2
-    cores: 16.5 -> 10.1 ms). ``solo_spin`` lets that session's threads spin even where ``spin`` is off:
-    a sleeping thread is woken once per operator, about 1 ms per lone request (100K starter, p50 25.2
-    against 26.2 ms). The price is one core spinning for up to ~50 ms after a lone call, which slows
-    what runs next on two threads: a bank-expanded search took 1.7x as long (demo, 30 against 18 ms).
+    cores: 16.5 -> 10.1 ms). Where ``spin`` is off, that session's threads still spin between the
+    operators of a call and stop at its end: a sleeping thread is woken once per operator (ViT-B-32
+    int8, one caption: 36.9 -> 33.1 ms; the starter 10.2 -> 8.4), while threads left spinning after
+    the call would hold a core for ~50 ms that the search after it needs.
     """
 
     def __init__(
@@ -96,7 +96,6 @@ class Encoder:
         verify: bool = True,
         load_image: bool = True,
         spin: bool = True,
-        solo_spin: bool = False,
         memory_arena: bool = True,
     ):
         self.path = Path(bundle_dir)
@@ -104,7 +103,6 @@ class Encoder:
         self.providers = choose_providers(providers)
         self.threads = threads
         self.spin = spin
-        self.solo_spin = solo_spin
         self.memory_arena = memory_arena
         m = self.manifest
         if precision not in ("fp32", "int8", "auto"):
@@ -161,7 +159,10 @@ class Encoder:
         if not self.memory_arena:
             # servers: batch activations are freed after each call instead of kept at their peak
             opts.enable_cpu_mem_arena = False
-        if not (self.spin or (solo and self.solo_spin)):
+        if solo and not self.spin:
+            # a lone call has the cores to itself: spin between its operators, sleep once it returns
+            opts.add_session_config_entry("session.force_spinning_stop", "1")
+        elif not self.spin:
             # idle intra-op threads sleep instead of spinning: in a server they would otherwise burn the
             # cores the event loop needs between encoder calls
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -38,10 +38,6 @@ class Settings(BaseSettings):
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")
     encoder_solo: bool = Field(True, description="the encoder call of the only request in flight (up to 4 texts) "
                                "uses every core (a second session of the text tower, CPU only): lower latency at low load")
-    encoder_solo_spin: bool = Field(False, description="the solo session's threads spin between operators instead of "
-                                    "sleeping: plain searches about 1 ms faster (100K starter, concurrency 1), but one "
-                                    "core then spins ~50 ms after a lone call, and a bank-expanded search (the embedded "
-                                    "default) is 1.7x slower")
     faiss_threads: int | None = Field(1, ge=1, description="threads of a one-row search while other requests are in flight")
     faiss_batch_threads: int | None = Field(
         None, ge=1, description="threads of merged searches of 2+ rows and of a lone request's search (default: every core)")

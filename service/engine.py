@@ -100,7 +100,7 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
     threads = settings.encoder_threads or max(1, cores // encoder_workers(settings))
     solo = settings.encoder_solo and threads < cores and choose_providers() == ["CPUExecutionProvider"]
     return Encoder(bundle, precision=precision or settings.precision, threads=threads, solo_threads=cores if solo else None,
-                   spin=settings.encoder_spin, solo_spin=settings.encoder_solo_spin, memory_arena=False)
+                   spin=settings.encoder_spin, memory_arena=False)
 
 
 def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:

@@ -65,24 +65,30 @@ def test_server_encoders_get_a_solo_session_on_every_core_for_lone_calls(starter
     assert load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=1)).has_solo_session is False
 
 
-def _spins(session) -> bool:
-    try:
-        return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") != "0"
-    except RuntimeError:  # not set: onnxruntime's default, spinning
-        return True
+def _spin_config(session) -> tuple[bool, bool]:
+    """(threads spin between operators, and stop spinning when a call returns)."""
+    options = session.get_session_options()
+
+    def entry(key: str) -> str | None:
+        try:
+            return options.get_session_config_entry(key)
+        except RuntimeError:  # not set: onnxruntime's default
+            return None
+
+    return entry("session.intra_op.allow_spinning") != "0", entry("session.force_spinning_stop") == "1"
 
 
-def test_server_encoders_sleep_between_operators_unless_told_to_spin(starter_bundle, tmp_path, monkeypatch):
+def test_server_encoders_sleep_between_calls_and_the_solo_session_spins_only_within_one(starter_bundle, tmp_path,
+                                                                                      monkeypatch):
     from core.settings import Settings
     from service.engine import load_encoder
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    # by default both sessions' threads sleep: the event loop and the index need the cores
+    # the workers' sessions sleep: the event loop and the index need the cores; the solo session's
+    # threads spin within a lone call and stop when it returns
     enc = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2))
-    assert (_spins(enc._text_session), _spins(enc._solo_session)) == (False, False)
-    solo_spins = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_solo_spin=True))
-    assert (_spins(solo_spins._text_session), _spins(solo_spins._solo_session)) == (False, True)
+    assert (_spin_config(enc._text_session), _spin_config(enc._solo_session)) == ((False, False), (True, True))
     both = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2, encoder_spin=True))
-    assert (_spins(both._text_session), _spins(both._solo_session)) == (True, True)
+    assert (_spin_config(both._text_session), _spin_config(both._solo_session)) == ((True, False), (True, False))
     # a batch job's encoder spins as onnxruntime does by default
-    assert _spins(Encoder(starter_bundle, load_image=False)._text_session)
+    assert _spin_config(Encoder(starter_bundle, load_image=False)._text_session) == (True, False)
