@@ -7,6 +7,11 @@ import os
 # Before anything imports huggingface_hub: a hub lookup here waits ~50 s before failing.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# pytest-xdist runs several test processes side by side: each takes its share of the cores for
+# OpenMP (torch, faiss, BLAS), since OpenMP threads that outnumber the cores spin against each other
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 import json
 from pathlib import Path
@@ -36,13 +41,29 @@ def coco_val(shared_data):
     return data, captions, image_ids
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(path)``'s result, built by one test process: pytest-xdist's workers share it (their
+    base temp folders have one parent), so the others wait for it instead of building it again."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp(name) / name
+        build(out)
+        return out
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / f"built-once-{name}"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "done").exists():
+            shared.mkdir(exist_ok=True)
+            build(shared / name)
+            (shared / "done").touch()
+    return shared / name
+
+
 @pytest.fixture(scope="session")
 def starter_bundle(tmp_path_factory) -> Path:
     from training.export.starter import build_starter
 
-    out = tmp_path_factory.mktemp("bundles") / "starter"
-    build_starter(out, int8=True)
-    return out
+    return built_once(tmp_path_factory, "starter", lambda out: build_starter(out, int8=True))
 
 
 @pytest.fixture(scope="session")
