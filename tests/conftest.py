@@ -42,12 +42,15 @@ def coco_val(shared_data):
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:
-    """``build(path)``'s result, built by one test process: pytest-xdist's workers share it (their
-    base temp folders have one parent), so the others wait for it instead of building it again."""
+    """``build(path)``'s result, built by one test process: pytest-xdist's workers share the build
+    (their base temp folders have one parent), so the others wait for it instead of building it again,
+    then each takes a copy into its own base temp folder, where tests expect their files."""
+    out = tmp_path_factory.mktemp(name) / name
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        out = tmp_path_factory.mktemp(name) / name
         build(out)
         return out
+    import shutil
+
     from filelock import FileLock
 
     shared = tmp_path_factory.getbasetemp().parent / f"built-once-{name}"
@@ -56,7 +59,8 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
             shared.mkdir(exist_ok=True)
             build(shared / name)
             (shared / "done").touch()
-    return shared / name
+    shutil.copytree(shared / name, out)
+    return out
 
 
 @pytest.fixture(scope="session")
