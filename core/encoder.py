@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest, resolve_precision
+from core.cpu_threads import openmp_thread_share
 from core.tokenizer import BundleTokenizer, TokenBatch
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Encoder:
     """A loaded model bundle.
 
     ``precision="int8"`` runs the quantised text tower when the bundle has one. ``threads`` sets
-    onnxruntime's intra-op threads (None: onnxruntime's default, all cores); ``spin=False`` lets idle
+    onnxruntime's intra-op threads (None: ``OMP_NUM_THREADS`` where set, else onnxruntime's default, all cores); ``spin=False`` lets idle
     threads sleep (servers); ``memory_arena=False`` returns activation memory after each call
     (servers, where a rare large batch such as a reindex would otherwise pin its peak).
     ``solo_threads`` adds a second text session with that many threads, for
@@ -101,7 +102,7 @@ class Encoder:
         self.path = Path(bundle_dir)
         self.manifest: BundleManifest = read_manifest(self.path, verify=verify)
         self.providers = choose_providers(providers)
-        self.threads = threads
+        self.threads = threads if threads is not None else openmp_thread_share()
         self.spin = spin
         self.memory_arena = memory_arena
         m = self.manifest
