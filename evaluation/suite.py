@@ -48,11 +48,15 @@ def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None) -> dict[str, 
 
 
 def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: int = 0, k: int = 10,
-                       progress: bool = True) -> dict[str, dict[str, float]]:
+                       progress: bool = True, sample: int | None = None) -> dict[str, dict[str, float]]:
     """Text-to-image R@1/5/10 on clean and perturbed captions, the relative drop, and AO@k between each
-    caption's clean and perturbed top-k lists."""
+    caption's clean and perturbed top-k lists. ``sample``: that many captions drawn at random (seeded by
+    ``seed``) instead of all of them; the gallery stays whole."""
 
     texts, ids = snapshot_captions(snapshot)
+    if sample is not None and sample < len(texts):
+        keep = np.sort(np.random.default_rng(seed).choice(len(texts), sample, replace=False))
+        texts, ids = [texts[i] for i in keep], [ids[i] for i in keep]
     vectors = np.asarray(snapshot.vectors())
 
     def t2i(query_vecs):
@@ -62,7 +66,7 @@ def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: in
     clean_vecs = encoder.encode_text(texts)
     clean = t2i(clean_vecs)
     _, clean_lists = snapshot.search_ids(clean_vecs, k)
-    out = {"clean": clean}
+    out = {"clean": {**clean, "captions": len(texts)}}
     for name, fn in tqdm(perturbations(wordnet_source).items(), desc="perturbations", disable=not progress):
         vecs = encoder.encode_text(perturb_all(texts, fn, seed))
         res = t2i(vecs)

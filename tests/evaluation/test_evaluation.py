@@ -83,10 +83,12 @@ def test_perturbation_suite_and_paraphrase_cli(starter_bundle, shared_data, tmp_
     snap = tmp_path / "snap"
     build_snapshot(shared_data / "coco-mini/captions_val2017.json", Encoder(starter_bundle), snap, progress=False)
     runner = CliRunner()
-    r = runner.invoke(app, ["eval", "perturb", "--snapshot", str(snap), "--bundle", str(starter_bundle),
+    # 300 of the 795 captions: 11 perturbations encode each caption once more
+    r = runner.invoke(app, ["eval", "perturb", "--snapshot", str(snap), "--bundle", str(starter_bundle), "--sample", "300",
                             "--out", str(tmp_path / "perturb.json")])
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "perturb.json").read_text())
+    assert report["clean"]["captions"] == 300 and "300 captions" in r.output
     assert report["clean"]["t2i_r10"] >= 65
     assert report["keyboard"]["t2i_r1"] < report["clean"]["t2i_r1"]
     assert 0 < report["keyboard"]["ao@10_vs_clean"] < 1
