@@ -76,7 +76,7 @@ def _png_header_only(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
 
 
-@pytest.mark.parametrize("files, data, json, status, loc", [
+BAD_UPLOADS = [  # (files, form data, JSON body, status, loc)
     ({"image": ("notes.txt", b"just some text", "text/plain")}, None, None, 422, ["body", "image"]),
     ({"image": ("empty.jpg", b"", "image/jpeg")}, None, None, 422, ["body", "image"]),
     ({"image": ("bomb.png", _png_header_only(30000, 30000), "image/png")}, None, None, 413, ["body", "image"]),
@@ -86,11 +86,15 @@ def _png_header_only(width: int, height: int) -> bytes:
     (None, None, {"image": "not base64!"}, 422, ["body", "image"]),
     (None, None, {"image": "aGVsbG8=", "k": 5, "colour": "red"}, 422, ["body", "colour"]),
     (None, None, {"k": 5}, 422, ["body", "image"]),
-])
-def test_bad_uploads_name_the_field(client, files, data, json, status, loc):
-    r = client.post("/v1/search/image", files=files, data=data, json=json)
-    assert r.status_code == status, r.text
-    assert r.json()["detail"][0]["loc"] == loc
+]
+
+
+def test_bad_uploads_name_the_field(client, subtests):
+    for case, (files, data, json, status, loc) in enumerate(BAD_UPLOADS):
+        with subtests.test(case=case):
+            r = client.post("/v1/search/image", files=files, data=data, json=json)
+            assert r.status_code == status, r.text
+            assert r.json()["detail"][0]["loc"] == loc
 
 
 def test_upload_limits(make_settings):
@@ -136,7 +140,7 @@ def test_embeddings_match_the_encoder_and_decode_from_base64(client, direct):
     np.testing.assert_allclose(decoded, expected[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("body, status, loc", [
+BAD_EMBEDDING_BODIES = [  # (body, status, loc)
     ({"input": "a cat", "model": "text-embedding-3-small"}, 404, ["body", "model"]),
     ({"input": [1, 2, 3], "model": "paraseek-starter"}, 422, ["body", "input"]),
     ({"input": [], "model": "paraseek-starter"}, 422, ["body", "input"]),
@@ -145,11 +149,15 @@ def test_embeddings_match_the_encoder_and_decode_from_base64(client, direct):
     ({"input": "a cat", "model": "paraseek-starter", "dimensions": 7}, 422, ["body", "dimensions"]),
     ({"input": "a" * 1001, "model": "paraseek-starter"}, 422, ["body", "input", 0]),
     ({"model": "paraseek-starter"}, 422, ["body", "input"]),
-])
-def test_embeddings_bad_input_names_the_field(client, body, status, loc):
-    r = client.post("/v1/embeddings", json=body)
-    assert r.status_code == status, r.text
-    assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+]
+
+
+def test_embeddings_bad_input_names_the_field(client, subtests):
+    for case, (body, status, loc) in enumerate(BAD_EMBEDDING_BODIES):
+        with subtests.test(case=case):
+            r = client.post("/v1/embeddings", json=body)
+            assert r.status_code == status, r.text
+            assert r.json()["detail"][0]["loc"][: len(loc)] == loc
 
 
 def test_embeddings_share_the_cache_with_search(client):

@@ -126,31 +126,32 @@ def test_weighted_terms(client, direct):
     assert [x["id"] for x in r.json()["results"]] == ids[0].tolist()
 
 
-@pytest.mark.parametrize(
-    "body, status, loc",
-    [
-        ({"query": ""}, 422, ["body", "query"]),
-        ({"query": "   "}, 422, ["body", "query"]),
-        ({"query": "x", "k": 0}, 422, ["body", "k"]),
-        ({"query": "x", "k": 1001}, 422, ["body", "k"]),
-        ({"query": "x", "k": "ten"}, 422, ["body", "k"]),
-        ({"query": 3}, 422, ["body", "query"]),
-        ({"query": "x", "unknown": 1}, 422, ["body", "unknown"]),
-        ({}, 422, ["body"]),
-        ({"query": "x" * 1001}, 422, ["body", "query"]),
-        ({"query": "x", "expansion": {"method": "llm"}}, 400, ["body", "expansion", "method"]),
-        ({"query": "x", "expansion": {"method": "ppdb"}}, 400, ["body", "expansion", "method"]),
-        ({"query": "x", "expansion": {"method": "wordnet", "n": 17}}, 422, ["body", "expansion", "n"]),
-        ({"query": "x", "consistency": {}}, 422, ["body", "consistency"]),
-        ({"query": "x", "consistency": {"paraphrases": ["ok", " "]}}, 422, ["body", "consistency", "paraphrases"]),
-        ({"terms": [{"text": "a", "weight": 1}, {"text": "a", "weight": -1}]}, 422, ["body", "terms"]),
-        ({"terms": []}, 422, ["body", "terms"]),
-    ],
-)
-def test_bad_input_names_the_field(client, body, status, loc):
-    r = client.post("/v1/search", json=body)
-    assert r.status_code == status, r.text
-    assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+BAD_BODIES = [  # (body, status, loc)
+    ({"query": ""}, 422, ["body", "query"]),
+    ({"query": "   "}, 422, ["body", "query"]),
+    ({"query": "x", "k": 0}, 422, ["body", "k"]),
+    ({"query": "x", "k": 1001}, 422, ["body", "k"]),
+    ({"query": "x", "k": "ten"}, 422, ["body", "k"]),
+    ({"query": 3}, 422, ["body", "query"]),
+    ({"query": "x", "unknown": 1}, 422, ["body", "unknown"]),
+    ({}, 422, ["body"]),
+    ({"query": "x" * 1001}, 422, ["body", "query"]),
+    ({"query": "x", "expansion": {"method": "llm"}}, 400, ["body", "expansion", "method"]),
+    ({"query": "x", "expansion": {"method": "ppdb"}}, 400, ["body", "expansion", "method"]),
+    ({"query": "x", "expansion": {"method": "wordnet", "n": 17}}, 422, ["body", "expansion", "n"]),
+    ({"query": "x", "consistency": {}}, 422, ["body", "consistency"]),
+    ({"query": "x", "consistency": {"paraphrases": ["ok", " "]}}, 422, ["body", "consistency", "paraphrases"]),
+    ({"terms": [{"text": "a", "weight": 1}, {"text": "a", "weight": -1}]}, 422, ["body", "terms"]),
+    ({"terms": []}, 422, ["body", "terms"]),
+]
+
+
+def test_bad_input_names_the_field(client, subtests):
+    for case, (body, status, loc) in enumerate(BAD_BODIES):
+        with subtests.test(case=case):
+            r = client.post("/v1/search", json=body)
+            assert r.status_code == status, r.text
+            assert r.json()["detail"][0]["loc"][: len(loc)] == loc
 
 
 def test_malformed_and_oversized_bodies(client):
@@ -287,7 +288,7 @@ def test_streamed_body_over_the_limit_is_413(make_settings):
         assert small.status_code == 200
 
 
-@pytest.mark.parametrize("body, loc", [
+TEXT_FIELD_BODIES = [  # (body, loc of the error; None: accepted)
     ({"query": "a dog"}, None),
     ({"query": "\u200b\u200c\u200d\ufeff"}, ["body", "query"]),
     ({"query": "\u0000"}, ["body", "query"]),
@@ -296,19 +297,24 @@ def test_streamed_body_over_the_limit_is_413(make_settings):
     ({"query": "a dog", "consistency": {"paraphrases": ["a \udc00 dog"]}}, ["body", "consistency", "paraphrases", 0]),
     ({"query": "a dog", "consistency": {"paraphrases": ["a puppy", "\u0000\u0001"]}}, ["body", "consistency", "paraphrases", 1]),
     ({"query": "a \udc00 dog"}, ["body", "query"]),
-])
-def test_every_text_field_is_validated_the_same_way(client, body, loc):
+]
+
+
+def test_every_text_field_is_validated_the_same_way(client, subtests):
     import json
 
-    # ensure_ascii keeps lone surrogates as \udc00 escapes, as a hostile client would send them
-    r = client.post("/v1/search", content=json.dumps(body), headers={"content-type": "application/json"})
-    if loc is None:
-        assert r.status_code == 200
-        return
-    assert r.status_code == 422, r.text
-    assert r.json()["detail"][0]["loc"] == loc
-    batch = client.post("/v1/search/batch", content=json.dumps({"requests": [body]}), headers={"content-type": "application/json"})
-    assert batch.status_code == 422 and batch.json()["detail"][0]["loc"] == ["body", "requests", 0, *loc[1:]]
+    for case, (body, loc) in enumerate(TEXT_FIELD_BODIES):
+        with subtests.test(case=case):
+            # ensure_ascii keeps lone surrogates as \udc00 escapes, as a hostile client would send them
+            r = client.post("/v1/search", content=json.dumps(body), headers={"content-type": "application/json"})
+            if loc is None:
+                assert r.status_code == 200
+                continue
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"][0]["loc"] == loc
+            batch = client.post("/v1/search/batch", content=json.dumps({"requests": [body]}),
+                                headers={"content-type": "application/json"})
+            assert batch.status_code == 422 and batch.json()["detail"][0]["loc"] == ["body", "requests", 0, *loc[1:]]
 
 
 def test_deeply_nested_json_is_a_4xx_naming_the_body(client):
