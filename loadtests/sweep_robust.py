@@ -35,10 +35,9 @@ def main(argv=None) -> int:
     p.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.8, 0.6, 0.4])
     args = p.parse_args(argv)
 
-    import torch  # the training stack, lazily: this sweep trains
     from scipy.stats import spearmanr
 
-    from training.data import embed_images
+    from training.data import embed_images  # the training stack, lazily: this sweep trains
     from training.export.starter import ensure_starter_bundle
     from training.losses import wise_ft
     from training.recipe import DataSpec, load_recipe
@@ -53,10 +52,9 @@ def main(argv=None) -> int:
     captions = [(i, c) for i, group in enumerate(gallery.captions) for c in group]
     sts = read_sts(args.data / "sts/sts-dev.csv")
 
-    @torch.no_grad()
     def embed(tower, texts: list[str]) -> np.ndarray:
         tower.eval()
-        return np.concatenate([tower.encode(texts[i:i + 128]).float().cpu().numpy() for i in range(0, len(texts), 128)])
+        return tower.embed(texts, 128)
 
     def evaluate(tower) -> dict:
         a, b = embed(tower, [x for x, _ in pairs]), embed(tower, [y for _, y in pairs])

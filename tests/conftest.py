@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,26 @@ def coco_val(shared_data):
     return data, captions, image_ids
 
 
+@contextmanager
+def _every_core():
+    """Every core for OpenMP (torch, onnxruntime) while this process builds what the other test
+    processes wait for: they sit idle meanwhile, so its usual share would leave cores unused."""
+    import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+    import torch
+
+    share, threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if share is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = share
+
+
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """``build(path)``'s result, built by one test process: pytest-xdist's workers share the build
     (their base temp folders have one parent), so the others wait for it instead of building it again,
@@ -57,7 +78,8 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     with FileLock(f"{shared}.lock"):
         if not (shared / "done").exists():
             shared.mkdir(exist_ok=True)
-            build(shared / name)
+            with _every_core():
+                build(shared / name)
             (shared / "done").touch()
     shutil.copytree(shared / name, out)
     return out

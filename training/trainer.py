@@ -104,9 +104,7 @@ class AnchorTargets:
             with np.load(cache, allow_pickle=False) as z:
                 if z["texts"].tolist() == texts:
                     return cls(texts, z["vectors"])
-        with torch.no_grad():
-            plain = np.concatenate([frozen.encode(texts[i:i + batch]).float().cpu().numpy()
-                                    for i in tqdm(range(0, len(texts), batch), desc="anchor targets", unit="batch")])
+        plain = frozen.embed(texts, batch, desc="anchor targets")
         bank = CaptionBank.in_memory(captions, plain[: len(captions)])
         vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
         np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32))
