@@ -22,6 +22,13 @@ from index.demo import build_demo_snapshot
 ADMIN_TOKEN = "s3cret-admin-token"
 
 
+def assert_error_names(response, loc: list, status: int = 422, whole: bool = False) -> None:
+    """``response`` is a ``status`` error whose first detail points at ``loc`` (or below it, unless ``whole``)."""
+    assert response.status_code == status, response.text
+    got = response.json()["detail"][0]["loc"]
+    assert (got if whole else got[: len(loc)]) == loc, got
+
+
 @pytest.fixture(scope="session")
 def demo_snapshot(starter_encoder, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("demo-snap")

@@ -8,6 +8,7 @@ import pytest
 from core.encoder import Encoder
 from index.filters import SearchFilter, caption_text, licence_id
 from index.snapshot import Snapshot
+from tests.service.conftest import assert_error_names
 
 BOTH_BACKENDS = True
 
@@ -117,9 +118,7 @@ BAD_FILTERS = [  # (filter, loc)
 def test_malformed_or_unsupported_filters_name_the_field(client, subtests):
     for case, (flt, loc) in enumerate(BAD_FILTERS):
         with subtests.test(case=case):
-            r = client.post("/v1/search", json={"query": "a dog", "filter": flt})
-            assert r.status_code == 422, r.text
-            assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+            assert_error_names(client.post("/v1/search", json={"query": "a dog", "filter": flt}), loc)
 
 
 def test_info_names_the_backend(client, backend):

@@ -9,6 +9,7 @@ import pytest
 
 from index.snapshot import Snapshot
 from core.encoder import Encoder, l2_normalize
+from tests.service.conftest import assert_error_names
 
 # every test that serves a snapshot runs on FAISS and on the same snapshot copied into Milvus Lite
 BOTH_BACKENDS = True
@@ -149,9 +150,7 @@ BAD_BODIES = [  # (body, status, loc)
 def test_bad_input_names_the_field(client, subtests):
     for case, (body, status, loc) in enumerate(BAD_BODIES):
         with subtests.test(case=case):
-            r = client.post("/v1/search", json=body)
-            assert r.status_code == status, r.text
-            assert r.json()["detail"][0]["loc"][: len(loc)] == loc
+            assert_error_names(client.post("/v1/search", json=body), loc, status)
 
 
 def test_malformed_and_oversized_bodies(client):
@@ -310,8 +309,7 @@ def test_every_text_field_is_validated_the_same_way(client, subtests):
             if loc is None:
                 assert r.status_code == 200
                 continue
-            assert r.status_code == 422, r.text
-            assert r.json()["detail"][0]["loc"] == loc
+            assert_error_names(r, loc, whole=True)
             batch = client.post("/v1/search/batch", content=json.dumps({"requests": [body]}),
                                 headers={"content-type": "application/json"})
             assert batch.status_code == 422 and batch.json()["detail"][0]["loc"] == ["body", "requests", 0, *loc[1:]]
