@@ -24,11 +24,12 @@ encodes more than one call on all cores: the ratio against it is printed too.
 
 The concurrency-1 target (p50 <= encoder batch-1 + index batch-1 + 3 ms, at 100K) is checked by
 alternating rounds of the two batch-1 timings (in this process, the server idle) and of a
-concurrency-1 run, medians of three: on a shared machine whose speed drifts within minutes, a budget
-measured at the start of a section does not compare with a row run minutes later.
+concurrency-1 run, medians of ``--latency-rounds`` (5): on a shared machine whose speed drifts within
+minutes, a budget measured at the start of a section does not compare with a row run minutes later.
 
     python -m loadtests.bench_service [--seconds 8] [--scale-seconds 5] [--sizes 76 100000 1000000]
-        [--bundles starter vit-b-32] [--work DIR] [--skip-demo] [--skip-scale] [--data ../shared/data]
+        [--bundles starter vit-b-32] [--work DIR] [--latency-rounds 5] [--skip-demo] [--skip-scale]
+        [--data ../shared/data]
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of) ->
 
 
 def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, query: np.ndarray, make_body,
-                  rounds: int = 3, seconds: float = 2.0) -> dict:
+                  rounds: int = 5, seconds: float = 2.0) -> dict:
     """The concurrency-1 target measured side by side: rounds of encoder batch-1 and index batch-1 time
     (this process, the server idle) alternating with a concurrency-1 run against the server; medians.
     This machine's speed drifts by 10-20 % within minutes, so a budget measured once at the start of a
@@ -386,8 +387,9 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                     if snap is not None and batching and 1 in args.concurrency:
                         check = latency_check(url, Encoder(bundle, precision=precision, load_image=False),
                                               load_encoder(bundle, Settings(precision=precision)), snap,
-                                              queries_of(snap.manifest.dim)[:1], plain)
-                        results.append({"bundle": bundle_name, "precision": precision, "latency_check": check})
+                                              queries_of(snap.manifest.dim)[:1], plain, rounds=args.latency_rounds)
+                        results.append({"bundle": bundle_name, "precision": precision, "latency_check": check,
+                                        "rounds": args.latency_rounds})
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     try:
@@ -403,7 +405,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
             budget = check["enc_b1_ms"] + check["index_b1_ms"] + 3
             met = check["p50"] <= budget
             ok &= met
-            print(f"{row['bundle']} {row['precision']} 100K, concurrency 1 (3 alternating rounds, medians): p50 "
+            print(f"{row['bundle']} {row['precision']} 100K, concurrency 1 ({row['rounds']} alternating rounds, medians): p50 "
                   f"{check['p50']:.2f} ms vs encoder b1 {check['enc_b1_ms']:.2f} + index b1 {check['index_b1_ms']:.2f} "
                   f"+ 3 ms = {budget:.2f} ms -> {'met' if met else 'NOT met'}; the server's encoder and search back to back "
                   f"in this process {check['floor_ms']:.2f} ms, so the service adds {check['p50'] - check['floor_ms']:.2f} ms")
@@ -424,6 +426,8 @@ def main(argv=None) -> int:
     p.add_argument("--bundles", nargs="+", default=["starter", "vit-b-32"], choices=["starter", "vit-b-32"])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--work", type=Path, default=None, help="where scale bundles and snapshots are built (reused)")
+    p.add_argument("--latency-rounds", type=int, default=5,
+                   help="alternating rounds of the concurrency-1 check (budget timings, then a run); medians")
     p.add_argument("--skip-demo", action="store_true")
     p.add_argument("--skip-scale", action="store_true")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
