@@ -30,6 +30,12 @@ minutes, a budget measured at the start of a section does not compare with a row
     python -m loadtests.bench_service [--seconds 8] [--scale-seconds 5] [--sizes 76 100000 1000000]
         [--bundles starter vit-b-32] [--work DIR] [--latency-rounds 5] [--skip-demo] [--skip-scale]
         [--data ../shared/data]
+
+Comparing commits on the demo section, each side's server driven by this load generator:
+
+    git worktree add /tmp/before OLD
+    python -m loadtests.bench_service --skip-scale --server-checkout /tmp/before --home /tmp/home-before
+    python -m loadtests.bench_service --skip-scale
 """
 
 from __future__ import annotations
@@ -58,8 +64,10 @@ from training.embedded import ensure_embedded_default
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def start_paraseek(home: Path, **env) -> tuple[subprocess.Popen, str]:
-    return start_server({"PARASEEK_HOME": str(home), "PARASEEK_LOG_JSON": "false", **{k: str(v) for k, v in env.items()}})
+def start_paraseek(home: Path, checkout: Path | None = None, **env) -> tuple[subprocess.Popen, str]:
+    # another checkout's server builds its own embedded default on first start: allow for that
+    return start_server({"PARASEEK_HOME": str(home), "PARASEEK_LOG_JSON": "false", **{k: str(v) for k, v in env.items()}},
+                        checkout=checkout, timeout=300 if checkout else 120)
 
 
 async def drive(url: str, make_body, concurrency: int, seconds: float) -> dict:
@@ -105,7 +113,7 @@ def demo_section(args, home: Path, groups: list[list[str]]) -> bool:
     servers = {}
     try:
         for name, batching in (("batching", "true"), ("no-batching", "false")):
-            servers[name] = start_paraseek(home, PARASEEK_BATCHING=batching)
+            servers[name] = start_paraseek(home, args.server_checkout, PARASEEK_BATCHING=batching)
 
         def plain(i):
             g = groups[i % len(groups)]
@@ -136,7 +144,8 @@ def demo_section(args, home: Path, groups: list[list[str]]) -> bool:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    print(f"\nservice benchmark, demo: the embedded default over the demo gallery, {args.seconds:.0f} s per row, loopback")
+    print(f"\nservice benchmark, demo: the embedded default over the demo gallery, {args.seconds:.0f} s per row, loopback"
+          + (f"; servers run the code in {args.server_checkout}" if args.server_checkout else ""))
     print(f"{'scenario':15} {'conc':>4} {'requests':>8} {'fail':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
     for label, conc, r in rows:
         print(f"{label:15} {conc:>4} {r['n']:>8} {r['failures']:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:8.1f}")
@@ -432,10 +441,19 @@ def main(argv=None) -> int:
     p.add_argument("--skip-scale", action="store_true")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--home", type=Path, default=None, help="PARASEEK_HOME with the embedded default (built if missing)")
+    p.add_argument("--server-checkout", type=Path, default=None,
+                   help="demo section only: serve the code of this checkout (e.g. `git worktree add DIR OLD`), to "
+                        "compare commits under this load generator; give it a --home of its own")
     args = p.parse_args(argv)
+    if args.server_checkout is not None:
+        if not (args.server_checkout / "paraseek" / "cli.py").is_file():
+            p.error(f"--server-checkout: {args.server_checkout} is not a paraseek checkout (no paraseek/cli.py)")
+        if not args.skip_scale:
+            p.error("--server-checkout compares the demo section only: add --skip-scale")
 
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
-    ensure_embedded_default(Settings(home=home))
+    if args.server_checkout is None:  # another checkout builds its own, in its own format
+        ensure_embedded_default(Settings(home=home))
     groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
     ok = True
     if not args.skip_demo:

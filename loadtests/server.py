@@ -35,12 +35,18 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 
 
 def start_server(env: dict[str, str], log: Path | None = None, port: int | None = None,
-                 timeout: float = 120) -> tuple[subprocess.Popen, str]:
-    """(process, url) of a ready server with ``PARASEEK_*`` settings from ``env`` (added to ours)."""
+                 timeout: float = 120, checkout: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """(process, url) of a ready server with ``PARASEEK_*`` settings from ``env`` (added to ours);
+    ``checkout``: run the code of another checkout of this repository (an older commit, to compare
+    with under the same load generator) instead of ours."""
     port = port or free_port()
     out = open(log, "w") if log is not None else subprocess.DEVNULL
+    env = {**os.environ, **env}
+    if checkout is not None:
+        # ``python -m`` puts the working directory first on sys.path: the checkout's packages win
+        env["PYTHONPATH"] = str(checkout)
     proc = subprocess.Popen([sys.executable, "-m", "paraseek.cli", "serve", "--port", str(port)],
-                            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+                            env=env, cwd=checkout, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, timeout, log)
