@@ -89,7 +89,7 @@ def build_cmd(
     bundle: Optional[Path] = typer.Option(None, help="Bundle with an image tower (default: the starter)."),
     out: Optional[Path] = typer.Option(None, help="Snapshot root (default: $PARASEEK_HOME/snapshots/demo)."),
     images: Optional[Path] = typer.Option(None, help="Image folder of a COCO JSON (default: beside it)."),
-    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_pq"),
+    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_fp16 | ivf_pq"),
     params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32, "ef_search": 64}\'.'),
     batch_size: int = typer.Option(32, min=1),
     workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),

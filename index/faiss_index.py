@@ -22,13 +22,17 @@ log = logging.getLogger(__name__)
 # Exact search is the default up to this many vectors; beyond it `auto` picks HNSW.
 EXACT_LIMIT = 200_000
 
+IndexType = Literal["auto", "flat", "hnsw", "ivf_flat", "ivf_fp16", "ivf_pq"]
+# inverted-file types: a coarse quantizer assigns vectors to nlist lists, a search scans nprobe of them
+IVF_TYPES = ("ivf_flat", "ivf_fp16", "ivf_pq")
+
 
 class IndexSpec(BaseModel):
     """Which FAISS index to build. Inner product on L2-normalised vectors = cosine similarity."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["auto", "flat", "hnsw", "ivf_flat", "ivf_pq"] = "auto"
+    type: IndexType = "auto"
     hnsw_m: int = Field(32, ge=4, le=128)
     ef_construction: int = Field(200, ge=8)
     ef_search: int = Field(128, ge=1)
@@ -47,7 +51,7 @@ class IndexSpec(BaseModel):
         if kind == "auto":
             kind = "flat" if count <= EXACT_LIMIT else "hnsw"
             upd["type"] = kind
-        if kind in ("ivf_flat", "ivf_pq") and self.nlist is None:
+        if kind in IVF_TYPES and self.nlist is None:
             # at least ~39 training points per list (FAISS' own rule of thumb)
             upd["nlist"] = int(max(1, min(4 * math.sqrt(count), count // 39)))
         if kind == "ivf_pq":
@@ -81,6 +85,13 @@ def create_index(spec: IndexSpec, dim: int) -> faiss.Index:
     elif spec.type == "ivf_flat":
         quantizer = faiss.IndexFlatIP(dim)
         base = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        base.nprobe = spec.nprobe
+    elif spec.type == "ivf_fp16":
+        # the lists hold float16 vectors: half of ivf_flat's memory and fewer bytes to stream per probed
+        # list; 1M bench_index mix, nprobe 48, 1 thread: recall@10 0.953 at 2.97 ms against 0.953 at 3.70 ms
+        quantizer = faiss.IndexFlatIP(dim)
+        base = faiss.IndexIVFScalarQuantizer(quantizer, dim, nlist, faiss.ScalarQuantizer.QT_fp16,
+                                             faiss.METRIC_INNER_PRODUCT)
         base.nprobe = spec.nprobe
     elif spec.type == "ivf_pq":
         # not IndexIVFPQFastScan: its 8-bit lookup tables blur the close inner products of text queries
@@ -289,7 +300,7 @@ def search_parameters(spec: IndexSpec, selector) -> faiss.SearchParameters:
     if spec.type == "hnsw":
         params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # missing from faiss' stubs
         params.efSearch = spec.ef_search  # type: ignore[attr-defined]
-    elif spec.type in ("ivf_flat", "ivf_pq"):
+    elif spec.type in IVF_TYPES:
         params = faiss.SearchParametersIVF()
         params.nprobe = spec.nprobe
     else:
@@ -355,7 +366,7 @@ def _candidates(spec: IndexSpec) -> list[list[IndexSpec]]:
         return [[spec.model_copy(update={"ef_search": ef}) for ef in _EF_SEARCH]]
     nlist = spec.nlist or 1
     probes = [p for p in _NPROBES if p < nlist] + [nlist]
-    if spec.type == "ivf_flat":
+    if spec.type in ("ivf_flat", "ivf_fp16"):
         return [[spec.model_copy(update={"nprobe": p}) for p in probes]]
     if spec.type == "ivf_pq":
         return [[spec.model_copy(update={"nprobe": p, "refine_factor": r}) for p in probes] for r in _REFINE]

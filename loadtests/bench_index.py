@@ -27,6 +27,7 @@ from core.encoder import Encoder
 from core.rank_metrics import overlap_recall
 from index.builder import build_snapshot
 from index.faiss_index import (
+    IVF_TYPES,
     ExactVectors,
     IndexSpec,
     apply_search_params,
@@ -94,7 +95,7 @@ def operating_points(spec: IndexSpec) -> list[tuple[str, IndexSpec]]:
     """Search-time settings to report for one built index (recall/speed trade-off)."""
     if spec.type == "hnsw":
         return [(f"efSearch={ef}", spec.model_copy(update={"ef_search": ef})) for ef in (64, 128, 256, 512)]
-    if spec.type in ("ivf_flat", "ivf_pq"):
+    if spec.type in IVF_TYPES:
         assert spec.nlist is not None  # resolved() set it
         probes = sorted({max(1, spec.nlist // d) for d in (128, 64, 32, 16, 8)})
         if spec.type == "ivf_pq":  # PQ codes alone, then re-ranked by the exact vectors (refine)
@@ -121,6 +122,7 @@ def specs_for(n: int) -> dict[str, IndexSpec]:
         # HNSW construction dominates at 1M on two cores: a cheaper build there
         "hnsw": IndexSpec(type="hnsw", hnsw_m=32, ef_construction=80 if n <= 100_000 else 64),
         "ivf_flat": IndexSpec(type="ivf_flat", nlist=nlist),
+        "ivf_fp16": IndexSpec(type="ivf_fp16", nlist=nlist),
         "ivf_pq": IndexSpec(type="ivf_pq", nlist=nlist, pq_nbits=8),  # pq_m: the default, dim/4
     }
 
@@ -128,7 +130,7 @@ def specs_for(n: int) -> dict[str, IndexSpec]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    p.add_argument("--kinds", nargs="+", default=["flat", "hnsw", "ivf_flat", "ivf_pq"])
+    p.add_argument("--kinds", nargs="+", default=["flat", "hnsw", "ivf_flat", "ivf_fp16", "ivf_pq"])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--threads", type=int, default=0, help="FAISS threads (0: all cores)")
     p.add_argument("--skip-build", action="store_true")

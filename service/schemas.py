@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, ValidationInfo, field_validator, model_validator
 
+from index.faiss_index import IndexType
 from index.filters import SearchFilter
 
 
@@ -262,7 +263,7 @@ class ReindexRequest(StrictModel):
     source: ServerPath = Field(min_length=1, description="image folder or COCO JSON, on the server")
     images: ServerPath | None = Field(None, description="image folder of a COCO JSON")
     bundle: ServerPath | None = Field(None, description="bundle directory (default: the serving bundle)")
-    index_type: Literal["auto", "flat", "hnsw", "ivf_flat", "ivf_pq"] = "auto"
+    index_type: IndexType = "auto"
     index_params: dict = Field(default_factory=dict)
 
 

@@ -63,10 +63,11 @@ def test_refine_recovers_the_recall_pq_codes_lose(collection):
     assert np.allclose(scores[0], vectors[rows] @ queries[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["ivf_flat", "ivf_pq", "hnsw"])
+@pytest.mark.parametrize("kind", ["ivf_flat", "ivf_fp16", "ivf_pq", "hnsw"])
 def test_tuning_picks_the_cheapest_setting_that_reaches_the_target(collection, kind):
     vectors, ids, queries, truth = collection
-    params = {"ivf_flat": {"nlist": 128}, "ivf_pq": {"nlist": 128, "pq_m": 8}, "hnsw": {"hnsw_m": 8, "ef_construction": 40}}
+    params = {"ivf_flat": {"nlist": 128}, "ivf_fp16": {"nlist": 128}, "ivf_pq": {"nlist": 128, "pq_m": 8},
+              "hnsw": {"hnsw_m": 8, "ef_construction": 40}}
     spec = IndexSpec(type=kind, **params[kind]).resolved(len(ids), 64)
     index = train_and_add(create_index(spec, 64), vectors, ids)
     exact = ExactVectors(vectors, ids)
@@ -74,10 +75,24 @@ def test_tuning_picks_the_cheapest_setting_that_reaches_the_target(collection, k
     assert recall >= 0.95
     _, got = search(index, tuned, queries, 10, exact)
     assert overlap_recall(got, truth) == pytest.approx(recall)  # the index is left on the chosen setting
-    if kind == "ivf_flat":  # one step cheaper misses the target
+    if kind in ("ivf_flat", "ivf_fp16"):  # one step cheaper misses the target
         smaller = max(p for p in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96) if p < tuned.nprobe)
         apply_search_params(index, tuned.model_copy(update={"nprobe": smaller}))
         assert overlap_recall(index.search(queries, 10)[1], truth) < 0.95
+
+
+def test_ivf_fp16_holds_half_the_bytes_and_scores_like_ivf_flat(collection):
+    vectors, ids, queries, truth = collection
+    built = {}
+    for kind in ("ivf_flat", "ivf_fp16"):
+        spec = IndexSpec(type=kind, nlist=64, nprobe=64).resolved(len(ids), 64)  # every list: exhaustive
+        built[kind] = train_and_add(create_index(spec, 64), vectors, ids)
+    flat_ivf, fp16_ivf = (faiss.extract_index_ivf(built[k]) for k in ("ivf_flat", "ivf_fp16"))
+    assert (flat_ivf.code_size, fp16_ivf.code_size) == (4 * 64, 2 * 64)
+    scores, got = built["ivf_fp16"].search(queries, 10)
+    assert overlap_recall(got, truth) >= 0.99  # ties within fp16 rounding may swap a neighbour
+    rows = ExactVectors(vectors, ids).rows(got[0])
+    assert np.allclose(scores[0], vectors[rows] @ queries[0], atol=2e-3)  # fp16 keeps ~3 significant digits
 
 
 def test_build_with_target_recall_records_and_serves_the_setting(collection, tmp_path):

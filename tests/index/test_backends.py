@@ -292,3 +292,12 @@ def test_precomputed_vectors_build_into_either_backend(backend, tmp_path, reques
     for row in got:
         found = row[row >= 0].tolist()
         assert sorted(found) == [i for i in range(1000, 1100) if i % 3 == 1]  # every match, nothing else
+
+
+def test_index_types_map_to_milvus_or_say_they_cannot():
+    from core.errors import UserError
+    from index.milvus_store import native_index
+
+    assert native_index(IndexSpec(type="ivf_flat", nlist=8, nprobe=4)) == ("IVF_FLAT", {"nlist": 8}, {"nprobe": 4})
+    with pytest.raises(UserError, match="'ivf_fp16' has no Milvus counterpart"):
+        native_index(IndexSpec(type="ivf_fp16", nlist=8))

@@ -126,7 +126,7 @@ def test_interrupted_build_leaves_current_unchanged(val_snapshot, starter_encode
     Snapshot.load(root)
 
 
-@pytest.mark.parametrize("kind", ["hnsw", "ivf_flat", "ivf_pq"])
+@pytest.mark.parametrize("kind", ["hnsw", "ivf_flat", "ivf_fp16", "ivf_pq"])
 def test_approximate_indexes_store_recall(kind, starter_encoder, shared_data, tmp_path):
     spec = IndexSpec(type=kind, nprobe=4)
     result = build_snapshot(shared_data / "coco-mini/captions_val2017.json", starter_encoder, tmp_path,
@@ -140,7 +140,7 @@ def test_approximate_indexes_store_recall(kind, starter_encoder, shared_data, tm
     assert len(snap) == 159
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf_flat"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf_flat", "ivf_fp16"])
 def test_incremental_add_and_remove(kind, starter_encoder, shared_data, tmp_path):
     root = tmp_path / "snap"
     first = build_snapshot(shared_data / "coco-mini/captions_val2017.json", starter_encoder, root,
