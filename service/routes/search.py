@@ -75,15 +75,15 @@ async def search_image(request: Request, engine: SearchEngine = Depends(get_engi
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "multipart/form-data":
         form = await request.form(max_files=1, max_fields=8)
-        upload = form.get("image")
+        single = {name: _form_field(form, name) for name in ("image", "k", "offset", "filter")}
+        upload = single["image"]
         if not isinstance(upload, UploadFile):
             raise RequestError("image", "send the image file in the multipart field 'image'")
         data = await upload.read()
-        fields = {name: form.get(name) for name in ("k", "offset") if form.get(name) is not None}
-        values: dict = {"image": "-", **{n: _form_int(n, v) for n, v in fields.items()}}
-        if form.get("filter") is not None:  # a form field carries the filter as JSON text
+        values: dict = {"image": "-", **{n: _form_int(n, single[n]) for n in ("k", "offset") if single[n] is not None}}
+        if single["filter"] is not None:  # a form field carries the filter as JSON text
             try:
-                values["filter"] = orjson.loads(str(form.get("filter")))
+                values["filter"] = orjson.loads(str(single["filter"]))
             except orjson.JSONDecodeError as exc:
                 raise RequestError("filter", f"the filter form field is not valid JSON: {exc}") from exc
         params = _validated(ImageSearchRequest, values)
@@ -105,6 +105,14 @@ async def search_image(request: Request, engine: SearchEngine = Depends(get_engi
 async def search_similar(req: SimilarSearchRequest, engine: SearchEngine = Depends(get_engine)):
     """"More like this": the images nearest to an indexed image (itself left out unless asked)."""
     return _json(await engine.search_similar(req.id, req.k, req.offset, req.include_self, req.filter))
+
+
+def _form_field(form, name: str):
+    """A form field's one value: a field sent twice is ambiguous (which k?), so it is refused."""
+    values = form.getlist(name)
+    if len(values) > 1:
+        raise RequestError(name, f"{name} is sent {len(values)} times; send it once")
+    return values[0] if values else None
 
 
 def _form_int(name: str, value) -> int:

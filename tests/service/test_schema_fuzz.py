@@ -12,7 +12,9 @@ import signal
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from loadtests.server import start_server
@@ -39,22 +41,41 @@ def api_schema(fuzz_server):
     return schemathesis.openapi.from_url(fuzz_server + "/openapi.json")
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
-@schema.parametrize()
-@FUZZ
-def test_no_5xx_and_schema_conformance_anonymous(case):
-    response = case.call()
-    assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
-    case.validate_response(response, excluded_checks=[positive_data_acceptance])
+def sends_what_it_generated(case) -> bool:
+    """False for a multipart body with a field generated as an empty array: no such field is sent, so
+    the request is valid after all and 'schema-violating request accepted' would be a false alarm."""
+    return not (case.media_type == "multipart/form-data" and isinstance(case.body, dict) and any(v == [] for v in case.body.values()))
 
 
-@schema.include(path_regex="^/v1/admin").parametrize()
-@FUZZ
-def test_no_5xx_and_schema_conformance_with_admin_token(case):
-    response = case.call(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
-    case.validate_response(response, excluded_checks=[positive_data_acceptance])
+def fuzz_every_operation(schema, subtests, headers: dict[str, str] | None = None) -> int:
+    """Each operation, as a subtest, fuzzed with schema-valid and schema-violating requests by plain
+    Hypothesis over schemathesis's case strategies (its pytest plugin reads pytest internals that pytest
+    9.2 removed). Returns how many operations ran."""
+    operations = [result.ok() for result in schema.get_all_operations()]
+    for operation in operations:
+        negative = operation.as_strategy(GenerationMode.NEGATIVE).filter(sends_what_it_generated)
+        strategy = st.one_of(operation.as_strategy(GenerationMode.POSITIVE), negative)
+
+        @FUZZ
+        @given(case=strategy)
+        def check(case):
+            response = case.call(headers=headers)
+            assert response.status_code < 500, f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
+            case.validate_response(response, excluded_checks=[positive_data_acceptance])
+
+        with subtests.test(operation=operation.label):
+            check()
+    return len(operations)
+
+
+def test_no_5xx_and_schema_conformance_anonymous(api_schema, subtests):
+    assert fuzz_every_operation(api_schema, subtests) >= 10
+
+
+def test_no_5xx_and_schema_conformance_with_admin_token(api_schema, subtests):
+    admin = api_schema.include(path_regex="^/v1/admin")
+    assert fuzz_every_operation(admin, subtests, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) >= 2
