@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 
+# The tests run as `.venv/bin/python -m pytest`: the tools this environment installs (hadolint,
+# locust, ...) are found as an activated environment would find them
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 # Before anything imports huggingface_hub: a hub lookup here waits ~50 s before failing.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
