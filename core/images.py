@@ -49,3 +49,18 @@ def decode_image(source: bytes | str | os.PathLike | BinaryIO, max_pixels: int |
         raise ImageDecodeError("is not an image Pillow can read (JPEG, PNG, WebP, GIF, BMP, TIFF ...)") from exc
     except (OSError, ValueError, SyntaxError) as exc:
         raise ImageDecodeError(f"could not be decoded: {type(exc).__name__}: {exc}") from exc
+
+
+def image_media_type(source: bytes | str | os.PathLike) -> str | None:
+    """The media type of the image format Pillow identifies from the header (``image/jpeg``), or None
+    when the bytes or file are no image it reads. Only the header is read: cheap enough per request."""
+    from PIL import Image, UnidentifiedImageError
+
+    stream: BinaryIO | Path = io.BytesIO(source) if isinstance(source, bytes) else Path(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # nothing is decoded here
+            with Image.open(stream) as im:
+                return Image.MIME.get(im.format or "") or None
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError):
+        return None

@@ -33,7 +33,7 @@ from index.faiss_index import (
     tune_setting,
 )
 from index.filters import user_field_names
-from index.image_sources import ImageRecord, ImageSource, open_source, read_member
+from index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
 from index.snapshot import (
     BundleRef,
     FaissStore,
@@ -195,6 +195,38 @@ def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray,
     return vectors[pick], "a sample of the indexed vectors (no captions: text queries may see lower recall)"
 
 
+@dataclass(frozen=True)
+class ImagePathPolicy:
+    """Where the image paths in a vectors build's metadata may point: inside ``roots`` (relative paths
+    are read under the first). A path outside them is refused, naming its shard and row, unless
+    ``drop_outside``: then the row is kept without a file to serve (its url, if any, stays)."""
+
+    roots: tuple[Path, ...]
+    drop_outside: bool = False
+
+    @classmethod
+    def of(cls, roots: Sequence[str | Path], drop_outside: bool = False) -> ImagePathPolicy:
+        for root in roots:
+            if not Path(root).is_dir():
+                raise BuildError(f"image root {root} is not a folder")
+        return cls(tuple(Path(r).resolve() for r in roots), drop_outside)
+
+    def confine(self, row: dict, where: str) -> bool:
+        """Whether ``row`` keeps its image path (as recorded: the service resolves it again under the
+        same roots); False when it was dropped."""
+        if not row.get("path"):
+            return True
+        recorded = Path(str(row["path"]))
+        if resolve_within(self.roots[0] / recorded, self.roots) is not None:  # an absolute path stays itself
+            return True
+        if not self.drop_outside:
+            raise BuildError(f"{where}: image path {str(recorded)[:200]!r} is outside the image roots "
+                             f"({', '.join(map(str, self.roots))}); name its folder with --image-root, or pass "
+                             "--drop-outside-paths to index the row without a file to serve")
+        del row["path"]
+        return False
+
+
 @dataclass
 class VersionDraft:
     """Everything a new snapshot version is made of, before its index is built and it is published."""
@@ -286,7 +318,8 @@ def build_snapshot(
             "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
         }
         provenance = {"kind": src.kind, "root": str(src.root.resolve()),
-                      "annotations": str(src.annotations.resolve()) if src.annotations else None}
+                      "annotations": str(src.annotations.resolve()) if src.annotations else None,
+                      "image_roots": [str(src.root.resolve())]}
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
         where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
     except BaseException:
@@ -315,6 +348,7 @@ def update_snapshot(
     store = as_store(root)
     base = store.load(image_space=encoder.image_space)
     m = base.manifest
+    source = dict(m.source)
     ids, vectors, metadata = base.contents()
     skipped: list[dict] = []
     added = 0
@@ -328,9 +362,11 @@ def update_snapshot(
     if add is not None:
         src = add if isinstance(add, ImageSource) else open_source(add, image_root)
         if Path(m.source.get("root", "")).resolve() != src.root.resolve():
-            # paths in metadata are relative to one root: keep them resolvable
+            # paths in metadata are relative to one root: keep them resolvable, and the new folder servable
             for rec in src.records:
                 rec.path = str((src.root / rec.path).resolve())
+            roots = [str(r) for r in base.image_roots]
+            source = {**source, "image_roots": roots + [r for r in [str(src.root.resolve())] if r not in roots]}
         present = set(ids.tolist())
         new = [r for r in src.records if r.id not in present]
         new_vec, kept, sizes, skipped = embed_records(encoder, src.root, new, progress=progress)
@@ -357,16 +393,18 @@ def update_snapshot(
     base.close()
     report = {"parent": m.version, "added": added, "removed": len(remove), "skipped": skipped,
               "retrained": retrain, "index_rebuilt": index is None}
-    draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, m.source, report, parent=m.version)
+    draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, source, report, parent=m.version)
     where, manifest = _finish(store, draft, encoder, spec, index=index)
     return BuildResult(where, manifest, skipped, report=report)
 
 
 def _read_vector_shards(src: VectorSource, vectors: np.ndarray, ids: np.ndarray, meta_out, normalize: bool,
-                        progress: bool) -> None:
-    """Stream every shard into ``vectors``/``ids`` (memory maps) and its metadata rows to ``meta_out``."""
+                        progress: bool, paths: ImagePathPolicy) -> int:
+    """Stream every shard into ``vectors``/``ids`` (memory maps) and its metadata rows to ``meta_out``,
+    their image paths confined to ``paths``; returns how many paths were dropped."""
     seen: dict[int, str] = {}
     position = 0
+    dropped = 0
     with tqdm(total=src.count, desc="reading vectors", unit="vec", disable=not progress) as bar:
         for shard, shard_vectors, shard_ids, rows in iter_shards(src, normalize):
             for row, image_id in enumerate(shard_ids.tolist()):
@@ -376,10 +414,13 @@ def _read_vector_shards(src: VectorSource, vectors: np.ndarray, ids: np.ndarray,
             end = position + len(shard_ids)
             vectors[position:end] = shard_vectors
             ids[position:end] = shard_ids
-            for row_meta in rows:
+            for row, row_meta in enumerate(rows):
+                where = f"shard {shard.vectors.name}" + (f" (metadata {shard.metadata.name})" if shard.metadata else "")
+                dropped += not paths.confine(row_meta, f"{where} row {row}")
                 meta_out(row_meta)
             position = end
             bar.update(len(shard_ids))
+    return dropped
 
 
 def _vector_queries(queries: np.ndarray | None, vectors: np.ndarray, dim: int, rng) -> tuple[np.ndarray, str]:
@@ -409,8 +450,14 @@ def build_snapshot_from_vectors(
     activate: bool = True,
     target_recall: float | None = None,
     queries: np.ndarray | None = None,
+    image_roots: Sequence[str | Path] | None = None,
+    drop_outside_paths: bool = False,
 ) -> BuildResult:
     """Index precomputed image embeddings (``index.vector_sources`` layouts) into a new snapshot version.
+
+    ``image_roots``: the folders the metadata's image paths may point into, recorded in the manifest as
+    the only places the service serves images from (default: the embeddings' folder). A path outside
+    them is refused with its shard and row, or with ``drop_outside_paths`` left out of its row.
 
     ``image_space`` names the image tower the vectors came from: a bundle with that image space can
     search the snapshot, any other is refused. Shards are streamed: vectors go to the version's
@@ -427,10 +474,12 @@ def build_snapshot_from_vectors(
         raise BuildError("name the image space the vectors came from (--image-space, or --bundle with that image tower)")
     store = as_store(out_root)
     ref = BundleRef(name=bundle_name, version=bundle_version, image_space=image_space)
-    provenance = {"kind": f"vectors:{src.kind}", "root": str(src.root.resolve()), "shards": [s.vectors.name for s in src.shards]}
+    paths = ImagePathPolicy.of(image_roots or [src.root], drop_outside_paths)
+    provenance = {"kind": f"vectors:{src.kind}", "root": str(src.root.resolve()), "shards": [s.vectors.name for s in src.shards],
+                  "image_roots": [str(r) for r in paths.roots]}
     if not isinstance(store, FaissStore):
         return _vectors_into_store(src, store, ref, provenance, spec or IndexSpec(), normalize, progress, activate,
-                                   target_recall, queries)
+                                   target_recall, queries, paths)
     root = store.root
     root.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(root)
@@ -447,7 +496,7 @@ def build_snapshot_from_vectors(
             def write(row: dict) -> None:
                 names.update((row.get("fields") or {}).keys())
                 meta.write(json.dumps(row, ensure_ascii=False) + "\n")
-            _read_vector_shards(src, vectors, ids, write, normalize, progress)
+            dropped = _read_vector_shards(src, vectors, ids, write, normalize, progress, paths)
         vectors.flush()
         index = create_index(spec, dim)
         rng = np.random.default_rng(0)
@@ -466,6 +515,7 @@ def build_snapshot_from_vectors(
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "ids.npy", ids)
         report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
+                  "paths_outside_roots_dropped": dropped,
                   "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1)}
         (stage / "report.json").write_text(json.dumps(report, indent=2))
         draft = VersionDraft(version, vectors, ids, [], provenance, report)  # the metadata is on disk already
@@ -479,7 +529,7 @@ def build_snapshot_from_vectors(
 
 def _vectors_into_store(src: VectorSource, store: SnapshotStore, ref: BundleRef, provenance: dict, spec: IndexSpec,
                         normalize: bool, progress: bool, activate: bool, target_recall: float | None,
-                        queries: np.ndarray | None) -> BuildResult:
+                        queries: np.ndarray | None, paths: ImagePathPolicy) -> BuildResult:
     count, dim = src.count, src.dim
     store.clean_stale()
     with tempfile.TemporaryDirectory(prefix="paraseek-vectors-") as tmp:
@@ -487,10 +537,11 @@ def _vectors_into_store(src: VectorSource, store: SnapshotStore, ref: BundleRef,
         vectors = np.lib.format.open_memmap(Path(tmp) / "vectors.npy", mode="w+", dtype=np.float32, shape=(count, dim))
         ids = np.empty(count, np.int64)
         rows: list[dict] = []
-        _read_vector_shards(src, vectors, ids, rows.append, normalize, progress)
+        dropped = _read_vector_shards(src, vectors, ids, rows.append, normalize, progress, paths)
         seconds = time.perf_counter() - start
         queries, query_source = _vector_queries(queries, vectors, dim, np.random.default_rng(0))
         report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
+                  "paths_outside_roots_dropped": dropped,
                   "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1)}
         draft = VersionDraft(store.new_version_name(), vectors, ids, rows, provenance, report)
         where, manifest = store.write_version(draft, ref, spec, queries=queries, query_source=query_source,

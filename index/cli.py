@@ -101,12 +101,20 @@ def build_cmd(
                                                   "--query-vectors), and record the setting and its held-out recall."),
     query_vectors: Optional[Path] = typer.Option(None, help="With --embeddings: a .npy of text-query embeddings "
                                                  "(the aligned text tower's) to measure and tune recall on."),
+    image_root: Optional[List[Path]] = typer.Option(None, help="With --embeddings: a folder the metadata's image paths "
+                                                    "may point into (repeatable; relative paths are read under the "
+                                                    "first; default: the embeddings' folder). The service serves "
+                                                    "images from these folders only."),
+    drop_outside_paths: bool = typer.Option(False, help="With --embeddings: index rows whose image path lies outside "
+                                            "the image roots without that path (their url stays), instead of refusing."),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
     if (source is None) == (embeddings is None):
         raise UserError("give an image source or --embeddings PATH (one of the two)")
     if query_vectors is not None and embeddings is None:
         raise UserError("--query-vectors goes with --embeddings (image builds use the captions of the images)")
+    if (image_root or drop_outside_paths) and embeddings is None:
+        raise UserError("--image-root and --drop-outside-paths go with --embeddings (an image build serves the folder it indexes)")
     spec = index_spec(index_type, params)
     queries = None
     if query_vectors is not None:
@@ -124,7 +132,8 @@ def build_cmd(
             name, version = "precomputed", ""
         result = build_snapshot_from_vectors(embeddings, store, image_space=image_space, bundle_name=name,
                                              bundle_version=version, metadata=metadata, spec=spec, normalize=normalize,
-                                             target_recall=target_recall, queries=queries)
+                                             target_recall=target_recall, queries=queries, image_roots=image_root,
+                                             drop_outside_paths=drop_outside_paths)
         unit = "vectors"
     else:
         result = build_snapshot(

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,13 +55,19 @@ class ImageSource:
 OUTSIDE = "resolves outside the source folder (a symlink or '..' path); not indexed"
 
 
-def _inside(root: Path, relative: str) -> bool:
-    """Whether ``root/relative``, links resolved, stays inside ``root`` (a symlink or a '../' name
-    in a COCO file must not pull other files of the host into an index that the service serves)."""
+def resolve_within(path: str | Path, roots: Sequence[str | Path]) -> Path | None:
+    """``path`` with every link resolved, if it lies inside one of ``roots`` (theirs resolved too), else
+    None: a symlink, a '../' name in a COCO file or an absolute path in metadata must not pull other
+    files of the host into an index that the service serves."""
     try:
-        return (root / relative).resolve().is_relative_to(root.resolve())
+        resolved = Path(path).resolve()
+        return resolved if any(resolved.is_relative_to(Path(root).resolve()) for root in roots) else None
     except (OSError, RuntimeError, ValueError):
-        return False
+        return None
+
+
+def _inside(root: Path, relative: str) -> bool:
+    return resolve_within(root / relative, [root]) is not None
 
 
 def _confine(src: ImageSource, follow_symlinks: bool) -> ImageSource:

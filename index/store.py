@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from core.errors import UserError
+from index.image_sources import resolve_within
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -107,23 +108,27 @@ class SearchableSnapshot(ABC):
     def user_fields(self) -> list[str]:
         return self.manifest.user_fields
 
+    @property
+    def image_roots(self) -> list[Path]:
+        """The folders this version's images may be served from, recorded at build time (the indexed
+        folder, the folders an update added from, ``--image-root`` of a vectors build); a version written
+        before roots were recorded serves from the folder it indexed alone."""
+        source = self.manifest.source
+        roots = source.get("image_roots")
+        if roots is None:
+            roots = [source["root"]] if source.get("root") else []
+        return [Path(r) for r in roots]
+
     def image_path(self, image_id: int) -> Path | None:
-        """The file of an indexed image (for an image inside a tar shard: the shard, see
-        ``image_member``); None when there is none to serve (precomputed vectors without paths)."""
+        """The file of an indexed image, links resolved (for an image inside a tar shard: the shard, see
+        ``image_member``); None when there is none to serve: no path (precomputed vectors without one),
+        or one that resolves outside the version's image roots, whatever its metadata says or a link
+        planted later points to."""
         row = self.metadata_of([int(image_id)]).get(int(image_id))
         if row is None or not row.get("path"):
             return None
-        root = Path(self.manifest.source.get("root", ""))
-        recorded = Path(row["path"])
-        path = root / recorded
-        if not recorded.is_absolute():
-            # served files stay inside the indexed folder, even if a link was planted there later
-            try:
-                if not path.resolve().is_relative_to(root.resolve()):
-                    return None
-            except (OSError, RuntimeError, ValueError):
-                return None
-        return path
+        roots = self.image_roots  # relative paths are recorded under the first
+        return resolve_within(roots[0] / str(row["path"]), roots) if roots else None
 
     def image_member(self, image_id: int) -> tuple[str, int, int] | None:
         """(member name, offset, size) of an image indexed from a webdataset tar shard, else None."""

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import mimetypes
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException
@@ -8,6 +7,7 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
+from core.images import image_media_type
 from service.deps import get_engine
 from service.engine import SearchEngine
 from service.schemas import error_responses
@@ -26,17 +26,24 @@ async def get_image(image_id: ImageId, engine: SearchEngine = Depends(get_engine
     snap = engine.require_active().snapshot
     # a Milvus snapshot looks the row up in the database: off the event loop
     path, member = await run_in_threadpool(lambda: (snap.image_path(int(image_id)), snap.image_member(int(image_id))))
-    if path is None:
+    if path is None:  # no path, or one outside the snapshot's image roots: the same answer for both
         raise HTTPException(404, f"no image with id {image_id} in snapshot {snap.version}")
     if not path.is_file():
         raise HTTPException(404, f"image {image_id} is indexed but its file is gone")
     if member is not None:  # an image inside a webdataset tar shard: its bytes only, never the shard
-        name, offset, size = member
+        _, offset, size = member
         data = await run_in_threadpool(_read_range, path, offset, size)
         if len(data) != size:
             raise HTTPException(404, f"image {image_id} is indexed but its tar shard is truncated")
-        return Response(data, media_type=mimetypes.guess_type(name)[0] or "application/octet-stream")
-    return FileResponse(path)
+        media_type = await run_in_threadpool(image_media_type, data)
+        if media_type is None:
+            raise HTTPException(404, f"image {image_id} is indexed but its bytes are not an image")
+        return Response(data, media_type=media_type)
+    # only what decodes as an image is served, typed by its content rather than its name
+    media_type = await run_in_threadpool(image_media_type, path)
+    if media_type is None:
+        raise HTTPException(404, f"image {image_id} is indexed but its file is not an image")
+    return FileResponse(path, media_type=media_type)
 
 
 def _read_range(path, offset: int, size: int) -> bytes:
