@@ -91,7 +91,9 @@ class Settings(BaseSettings):
     jobs_dir: Path | None = Field(None, description="where admin job records are kept (default: HOME/jobs)")
     snapshot_keep_versions: int = Field(5, ge=2, description="published versions kept after a reindex (current and "
                                         "the one before it are always kept)")
-    reindex_root: Path | None = Field(None, description="where reindex jobs may read sources (None: anywhere)")
+    reindex_root: Path | None = Field(None, description="where admin reindex and reload requests may read image "
+                                      "sources and bundles (unset: sources only under the serving snapshot's own "
+                                      "source folder, bundles only beside the serving bundle)")
 
     # query expansion applied when a request names none (JSON of the request's `expansion`, e.g.
     # {"method": "bank", "n": 30}); a request opts out with {"method": "none"}

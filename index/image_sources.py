@@ -204,14 +204,35 @@ def read_member(root: Path, record: ImageRecord) -> bytes:
     return data
 
 
-def open_source(source: str | Path, image_root: str | Path | None = None, follow_symlinks: bool = False) -> ImageSource:
+def source_paths(source: str | Path) -> list[Path]:
+    """The paths a source names: every shard of a brace pattern, else the source itself."""
+    if "{" in str(source) and str(source).endswith(".tar"):
+        return [Path(p) for p in expand_braces(str(source))]
+    return [Path(source)]
+
+
+def open_source(source: str | Path, image_root: str | Path | None = None, follow_symlinks: bool = False,
+                within: Sequence[Path] | None = None) -> ImageSource:
     """``source`` is an image folder, or a COCO JSON (images in ``image_root``, default: beside it,
     or a folder next to it named like the split, e.g. ``val2017`` for ``captions_val2017.json``).
 
     Files whose real location is outside that folder are refused (listed in ``rejected``) unless
-    ``follow_symlinks``."""
+    ``follow_symlinks``. With ``within`` (the admin API's allowed roots), every path the source names
+    (each shard of a pattern, the image folder) must resolve inside those roots when it is opened,
+    not only when a request was checked: a link swapped in between is refused."""
+    if within is not None:
+        named = source_paths(source) + ([Path(image_root)] if image_root else [])
+        if any(resolve_within(path, within) is None for path in named):
+            raise ImageSourceError("the source resolves outside the allowed roots (PARASEEK_REINDEX_ROOT)")
+    src = _open_source(source, image_root, follow_symlinks)
+    if within is not None and resolve_within(src.root, within) is None:
+        raise ImageSourceError("the source's image folder resolves outside the allowed roots (PARASEEK_REINDEX_ROOT)")
+    return src
+
+
+def _open_source(source: str | Path, image_root: str | Path | None, follow_symlinks: bool) -> ImageSource:
     if "{" in str(source) and str(source).endswith(".tar"):
-        shards = [Path(p) for p in expand_braces(str(source))]
+        shards = source_paths(source)
         missing = [p for p in shards if not p.is_file()]
         if missing:
             raise ImageSourceError(f"shard {missing[0]} does not exist ({len(missing)} of {len(shards)} missing)")

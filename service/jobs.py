@@ -18,6 +18,7 @@ from pathlib import Path
 from core.memory import release_free_memory
 from index.builder import build_snapshot
 from index.faiss_index import IndexSpec
+from index.image_sources import open_source
 from index.store import store_from_settings
 from service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
 from service.schemas import Job, ReindexRequest
@@ -85,7 +86,9 @@ class JobManager:
                 self._write(self.jobs[job_id])
                 self._written_at[job_id] = now
 
-    def submit_reindex(self, req: ReindexRequest) -> Job:
+    def submit_reindex(self, req: ReindexRequest, within: list[Path] | None = None) -> Job:
+        """Queue a build of ``req`` (its paths already resolved); ``within``: the roots its source must
+        still resolve inside when the job opens it."""
         job = Job(id=uuid.uuid4().hex, kind="reindex", state="queued", created_at=_now())
         with self._lock:
             if len(self.jobs) >= self.max_jobs:  # forget the oldest finished jobs
@@ -93,10 +96,10 @@ class JobManager:
                     self._forget(old)
             self.jobs[job.id] = job
             self._write(job)
-        self._executor.submit(self._reindex, job.id, req)
+        self._executor.submit(self._reindex, job.id, req, within)
         return job
 
-    def _reindex(self, job_id: str, req: ReindexRequest) -> None:
+    def _reindex(self, job_id: str, req: ReindexRequest, within: list[Path] | None = None) -> None:
         engine = self.engine
         self._update(job_id, state="running")
         try:
@@ -110,8 +113,9 @@ class JobManager:
                 encoder = load_encoder(settings.bundle_dir, settings)
             spec = IndexSpec.model_validate({"type": req.index_type, **req.index_params})
             store = engine.store or store_from_settings(settings)
+            source = open_source(req.source, req.images, within=within)
             result = build_snapshot(
-                req.source, encoder, store, spec=spec, image_root=req.images, progress=False,
+                source, encoder, store, spec=spec, progress=False,
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
                 activate=False,
             )

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, HTTPException
 
 from core.bundle import BundleError
 from core.settings import Settings
+from index.image_sources import resolve_within, source_paths
 from service.deps import get_engine, get_jobs, get_settings, require_admin
 from service.engine import Active, RequestError, SearchEngine, load_encoder
 from service.jobs import JobManager
@@ -27,18 +28,27 @@ def allowed_roots(kind: str, settings: Settings, engine: SearchEngine) -> list[P
     return [Path(root)] if root else []
 
 
-def check_path(value: str, field: str, roots: list[Path]) -> None:
-    """403 for anything outside the roots (symlinks resolved), the same answer whether it exists or
-    not; 422 for a missing path inside them. Messages never echo server paths."""
-    try:
-        resolved = Path(value).resolve()
-        inside = any(resolved.is_relative_to(root.resolve()) for root in roots)
-    except (OSError, ValueError, RuntimeError):  # NUL bytes, symlink loops: never a 500
-        inside = False
-    if not inside:
+def check_path(value: str | Path, field: str, roots: list[Path]) -> Path:
+    """``value`` resolved (symlinks followed), which is what the caller then uses: 403 for anything
+    outside the roots, the same answer whether it exists or not; 422 for a missing path inside them.
+    Messages never echo server paths."""
+    resolved = resolve_within(value, roots)  # None also for NUL bytes and link loops: never a 500
+    if resolved is None:
         raise RequestError(field, f"{field} is not under an allowed root (PARASEEK_REINDEX_ROOT)", status=403)
     if not resolved.exists():
         raise RequestError(field, f"{field} does not exist under the allowed root")
+    return resolved
+
+
+def check_source(value: str, roots: list[Path]) -> str:
+    """The source to read: a path resolved once, or a shard pattern whose every member was checked
+    (the job checks each again when it opens them, so a link swapped in between is refused too)."""
+    members = source_paths(value)
+    if len(members) == 1 and str(members[0]) == value:
+        return str(check_path(value, "source", roots))
+    for member in members:
+        check_path(member, "source", roots)
+    return value
 
 
 @router.post("/reindex", response_model=Job, status_code=202, responses=error_responses(400, 401, 403, 404, 413, 422, 503))
@@ -46,12 +56,12 @@ async def reindex(req: ReindexRequest, jobs: JobManager = Depends(get_jobs), set
                   engine: SearchEngine = Depends(get_engine)):
     """Start a background build; the service swaps to it once it is built and validated."""
     sources = allowed_roots("source", settings, engine)
-    check_path(req.source, "source", sources)
+    checked = {"source": check_source(req.source, sources)}
     if req.images:
-        check_path(req.images, "images", sources)
+        checked["images"] = str(check_path(req.images, "images", sources))
     if req.bundle:
-        check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine))
-    return jobs.submit_reindex(req)
+        checked["bundle"] = str(check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine)))
+    return jobs.submit_reindex(req.model_copy(update=checked), within=sources)
 
 
 @router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(401, 403, 404))
@@ -65,10 +75,10 @@ async def job(job_id: str, jobs: JobManager = Depends(get_jobs)):
 @router.post("/reload", responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503))
 async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)):
     """Serve another bundle over the same snapshot (its image_space must match)."""
-    check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine))
+    bundle = check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine))
     active = engine.require_active()
     try:
-        encoder = await asyncio.to_thread(load_encoder, req.bundle, settings, req.precision)
+        encoder = await asyncio.to_thread(load_encoder, bundle, settings, req.precision)
     except BundleError as exc:
         raise RequestError("bundle", str(exc)) from exc
     if encoder.image_space != active.snapshot.manifest.image_space:

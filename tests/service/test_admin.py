@@ -180,3 +180,53 @@ def test_symlink_out_of_the_root_is_not_indexed_or_served(make_settings, snapsho
         (root / "inside.jpg").symlink_to(outside)
         only = c.post("/v1/search", json={"query": "a photo", "k": 1}).json()["results"][0]["id"]
         assert c.get(f"/v1/images/{only}").status_code == 404
+
+
+def test_every_member_of_a_shard_pattern_is_checked(make_settings, snapshot_copy, tmp_path):
+    """A brace pattern is expanded and each shard checked: '{a,../../outside}' cannot leave the root."""
+    root = tmp_path / "root"
+    (root / "shards").mkdir(parents=True)
+    (root / "shards" / "a.tar").write_bytes(b"")
+    (tmp_path / "outside.tar").write_bytes(b"")
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        escape = c.post("/v1/admin/reindex", json={"source": f"{root}/shards/{{a,../../outside}}.tar"}, headers=AUTH)
+        assert escape.status_code == 403 and escape.json()["detail"][0]["loc"] == ["body", "source"]
+        missing = c.post("/v1/admin/reindex", json={"source": f"{root}/shards/{{a,b}}.tar"}, headers=AUTH)
+        assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "source"]
+
+
+def test_the_job_reads_the_resolved_source_and_checks_it_again(make_settings, snapshot_copy, tmp_path, shared_data):
+    """The route resolves the source once and the job gets that path; when the job opens it, it must
+    still lie inside the root, so a link swapped in after the request was checked is refused."""
+    import shutil
+
+    from index.image_sources import ImageSourceError, open_source
+
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    shutil.copy(sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[0], root / "real" / "a.jpg")
+    (root / "link").symlink_to(root / "real")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(root / "real" / "a.jpg", outside / "b.jpg")
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(root / "link")}, headers=AUTH).json()["id"])
+        assert job["state"] == "succeeded", job
+        assert c.get("/v1/info").json()["snapshot"]["count"] == 1
+    # between the check and the job: the folder the request named becomes a link out of the root
+    shutil.rmtree(root / "real")
+    (root / "real").symlink_to(outside)
+    with pytest.raises(ImageSourceError, match="outside the allowed roots"):
+        open_source(root / "real", within=[root])
+    with pytest.raises(ImageSourceError, match="outside the allowed roots"):
+        open_source(f"{root}/real/{{a,b}}.tar", within=[root])  # the shards would be read through the link
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        app_jobs = c.app.state.jobs
+        from service.schemas import ReindexRequest
+
+        before = c.get("/v1/info").json()["snapshot"]["version"]
+        queued = app_jobs.submit_reindex(ReindexRequest(source=str(root / "real")), within=[root])
+        job = wait_job(c, queued.id)
+        assert job["state"] == "failed" and "outside the allowed roots" in job["error"]
+        assert str(outside) not in job["error"]
+        assert c.get("/v1/info").json()["snapshot"]["version"] == before
