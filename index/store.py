@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from core.errors import UserError
+from core.errors import Unavailable, UserError
 from index.image_sources import resolve_within
 
 if TYPE_CHECKING:
@@ -44,8 +44,9 @@ class SearchHit:
     metadata: dict
 
 
-class IndexUnavailable(UserError):
-    """The vector database did not answer (-> 503; the service keeps running and retries)."""
+class IndexUnavailable(Unavailable):
+    """The vector database did not answer (-> 503; the service keeps running and retries; the CLI
+    exits 69, not 2: an outage is not the user's mistake)."""
 
 
 @runtime_checkable

@@ -110,3 +110,17 @@ def test_export_openclip_and_export_hf_from_the_cli(tiny_clip, tmp_path):
     assert enc.image_space == "text/test" and not enc.has_image_tower and enc.dim == 384
     r = runner.invoke(app, ["models", "export-openclip", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "model name or --model-config" in r.output
+
+
+def test_an_unreachable_milvus_is_an_outage_not_a_usage_error():
+    """Exit 69 (EX_UNAVAILABLE: retry later), not 2: the command was right, the database did not answer."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = runner.invoke(app, ["index", "info", "--backend", "milvus", "--uri", f"http://127.0.0.1:{port}", "--collection", "x"])
+    assert out.exit_code == 69, out.output
+    assert "unavailable (retry later)" in out.output and "Traceback" not in out.output
+    bad = runner.invoke(app, ["index", "info", "snapshots/x", "--backend", "milvus", "--uri", f"http://127.0.0.1:{port}"])
+    assert bad.exit_code == 2 and "FAISS snapshot folder" in bad.output  # a usage error stays one
