@@ -5,6 +5,8 @@ All inputs are L2-normalised rows; every result is L2-normalised."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from core.encoder import l2_normalize
@@ -37,9 +39,21 @@ def weighted_fusion(query: np.ndarray, expansions: np.ndarray, similarities: np.
     return out[0] if query.ndim == 1 else out
 
 
-def rocchio(query: np.ndarray, feedback: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> np.ndarray:
-    """Pseudo-relevance feedback: alpha * query + beta * mean of its top-m image vectors (Rocchio)."""
+def rocchio(query: np.ndarray, feedback: Sequence[np.ndarray], alpha: float = 1.0, beta: float = 1.0) -> np.ndarray:
+    """Pseudo-relevance feedback: alpha * query + beta * mean of its top image vectors (Rocchio).
+
+    ``feedback`` holds each query's top image vectors (for one 1-D query: its (m, D) array), as many as
+    its search returned: a filtered or approximate search may return fewer than asked, or none, and a
+    query without any stays as it is."""
     q = np.atleast_2d(query)
-    f = feedback.reshape(q.shape[0], -1, q.shape[1])
-    out = l2_normalize(alpha * q + beta * f.mean(axis=1))
+    if query.ndim == 1:
+        feedback = [np.asarray(feedback)]
+    if len(feedback) != len(q):
+        raise ValueError(f"{len(feedback)} feedback sets for {len(q)} queries")
+    mean = np.zeros_like(q)
+    has = np.array([len(f) > 0 for f in feedback], dtype=bool)
+    for row, f in enumerate(feedback):
+        if len(f):
+            mean[row] = np.asarray(f, q.dtype).reshape(-1, q.shape[1]).mean(axis=0)
+    out = np.where(has[:, None], l2_normalize(alpha * q + beta * mean), l2_normalize(q))
     return out[0] if query.ndim == 1 else out

@@ -5,6 +5,7 @@ training side (``load_tokenizer``) share it, so ids are the same at training, ex
 
 from __future__ import annotations
 
+import hashlib
 import html
 import logging
 import re
@@ -93,6 +94,14 @@ class BundleTokenizer:
                 sum(truncated), len(truncated), self.max_tokens,
             )
         return TokenBatch(ids, mask, truncated)
+
+    def fingerprints(self, texts: Sequence[str]) -> list[str]:
+        """A digest of each text's token ids: two texts share one exactly when the model gets the same
+        input, whatever this vocabulary's rules for case, spacing and special tokens (a cache key: "US"
+        and "us" share one under an uncased vocabulary only)."""
+        prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
+        return [hashlib.blake2b(np.asarray(e.ids, np.int32).tobytes(), digest_size=16).hexdigest()
+                for e in self._tok.encode_batch(prepared)]
 
     def is_truncated(self, texts: Sequence[str]) -> list[bool]:
         prepared = [self._prepare(t, i) for i, t in enumerate(texts)]

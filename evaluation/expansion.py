@@ -78,8 +78,7 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
 
         def feedback(texts: list[str], vectors: np.ndarray) -> np.ndarray:
             _, top = snapshot.search_ids(vectors, m)
-            fb = np.stack([snapshot.vectors_of([i for i in row if i >= 0]) for row in top])
-            return rocchio(vectors, fb, alpha, beta)
+            return rocchio(vectors, snapshot.feedback_vectors(top), alpha, beta)
 
         return Expansion(f"prf{m}-a{alpha:g}-b{beta:g}", feedback)
     raise UserError(f"--expansion {spec!r}: method must be wordnet, ppdb, bank or prf")

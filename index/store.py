@@ -102,6 +102,12 @@ class SearchableSnapshot(ABC):
     def vectors_of(self, image_ids) -> np.ndarray:
         """The stored vectors of these ids, in their order (KeyError for an id not in the snapshot)."""
 
+    def feedback_vectors(self, ids: np.ndarray) -> list[np.ndarray]:
+        """The stored vectors of each row of a search's ids (padding left out: rows may differ in
+        length, or be empty), for pseudo-relevance feedback."""
+        rows = [[int(i) for i in row if i >= 0] for row in np.atleast_2d(ids)]
+        return [self.vectors_of(row) if row else np.zeros((0, self.manifest.dim), np.float32) for row in rows]
+
     def has_id(self, image_id: int) -> bool:
         return int(image_id) in self.metadata_of([int(image_id)])
 

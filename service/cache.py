@@ -21,11 +21,6 @@ from cachetools import LRUCache
 log = logging.getLogger(__name__)
 
 
-def text_key(text: str) -> str:
-    """Normalised text: case and whitespace do not change an embedding lookup."""
-    return hashlib.sha1(" ".join(text.lower().split()).encode()).hexdigest()
-
-
 def params_key(params: dict) -> str:
     return hashlib.sha1(orjson.dumps(params, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)).hexdigest()
 
@@ -136,22 +131,24 @@ class Cache:
             self._lru.update(items)
 
     # -- embeddings ----------------------------------------------------------------------------
+    # keyed by the token ids' fingerprint (``BundleTokenizer.fingerprints``), not the text: texts share a
+    # vector exactly when the model gets the same input
     @staticmethod
-    def _emb_key(model_id: str, text: str) -> str:
-        return f"paraseek:emb:{model_id}:{text_key(text)}"
+    def _emb_key(model_id: str, fingerprint: str) -> str:
+        return f"paraseek:emb:{model_id}:{fingerprint}"
 
-    async def get_embeddings(self, model_id: str, texts: list[str]) -> list[np.ndarray | None]:
+    async def get_embeddings(self, model_id: str, fingerprints: list[str]) -> list[np.ndarray | None]:
         if self.backend == "off":
-            return [None] * len(texts)
-        raw = await self._get_many([self._emb_key(model_id, t) for t in texts])
+            return [None] * len(fingerprints)
+        raw = await self._get_many([self._emb_key(model_id, f) for f in fingerprints])
         out = [np.frombuffer(r, dtype=np.float32) if r is not None else None for r in raw]
         for r in out:
             self.metrics.cache.labels("embedding", "hit" if r is not None else "miss").inc()
         return out
 
-    async def put_embeddings(self, model_id: str, texts: list[str], vectors: np.ndarray) -> None:
+    async def put_embeddings(self, model_id: str, fingerprints: list[str], vectors: np.ndarray) -> None:
         await self._set_many(
-            {self._emb_key(model_id, t): np.asarray(v, np.float32).tobytes() for t, v in zip(texts, vectors)},
+            {self._emb_key(model_id, f): np.asarray(v, np.float32).tobytes() for f, v in zip(fingerprints, vectors)},
             self.embedding_ttl_s,
         )
 

@@ -170,6 +170,11 @@ class CachedTexts:
     unique: list[str]
     found: dict[str, np.ndarray]
     missing: list[str]
+    fingerprints: dict[str, str]  # text -> its cache key
+
+    @property
+    def missing_fingerprints(self) -> list[str]:
+        return [self.fingerprints.get(t, "") for t in self.missing]  # empty with the cache off: nothing is stored
 
     def assemble(self, encoder: Encoder, vectors: np.ndarray | None, flags: list[bool]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` and whether each was truncated, given the missing ones' vectors and flags."""
@@ -386,9 +391,10 @@ class SearchEngine:
 
     async def _cached_texts(self, active: Active, texts: list[str]) -> CachedTexts:
         unique = list(dict.fromkeys(texts))
-        cached = await self.cache.get_embeddings(active.model_id, unique)
+        fingerprints = dict(zip(unique, active.encoder.tokenizer.fingerprints(unique))) if self.cache.backend != "off" else {}
+        cached = await self.cache.get_embeddings(active.model_id, [fingerprints.get(t, "") for t in unique])
         found = {t: v for t, v in zip(unique, cached) if v is not None}
-        return CachedTexts(texts, unique, found, [t for t in unique if t not in found])
+        return CachedTexts(texts, unique, found, [t for t in unique if t not in found], fingerprints)
 
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""
@@ -396,7 +402,7 @@ class SearchEngine:
         if not lookup.missing:
             return lookup.assemble(active.encoder, None, [])
         vectors, flags = await self.batcher.submit(active.encoder, lookup.missing)
-        await self.cache.put_embeddings(active.model_id, lookup.missing, vectors)
+        await self.cache.put_embeddings(active.model_id, lookup.missing_fingerprints, vectors)
         return lookup.assemble(active.encoder, vectors, flags)
 
     # -- search --------------------------------------------------------------------------------
@@ -450,7 +456,7 @@ class SearchEngine:
                      else weighted_fusion(queries, bank.vectors[rows], sims))
             return fused, bank.texts_of(rows[0])
         _, top = await self.index_batcher.submit(view, (queries, exp.m))
-        feedback = await asyncio.to_thread(lambda: np.stack([active.snapshot.vectors_of([i for i in row if i >= 0]) for row in top]))
+        feedback = await asyncio.to_thread(active.snapshot.feedback_vectors, top)
         return rocchio(queries, feedback, exp.alpha, exp.beta), []
 
     @counted
@@ -522,7 +528,7 @@ class SearchEngine:
         vectors, searched = await self.index_batcher.run_alone(encode_and_search)
         self.metrics.index_batch_size.observe(len(searched.rows.matrix))
         if vectors is not None:
-            await self.cache.put_embeddings(active.model_id, lookup.missing, vectors)
+            await self.cache.put_embeddings(active.model_id, lookup.missing_fingerprints, vectors)
         return searched
 
     async def _encode_then_search(self, active: Active, view: SearchView, req: SearchRequest, texts: SearchTexts,

@@ -39,3 +39,17 @@ def test_rocchio_moves_toward_the_feedback_mean():
     expected = 2.0 * q + 0.5 * fb.mean(axis=0)
     assert rocchio(q, fb, alpha=2.0, beta=0.5) == pytest.approx(expected / np.linalg.norm(expected))
     assert rocchio(q, fb, alpha=1.0, beta=0.0) == pytest.approx(q)
+
+
+def test_rocchio_takes_feedback_of_different_lengths_and_none():
+    """A filtered or approximate search can return fewer hits for one query than another, or none:
+    each query moves toward its own hits' mean, and one without hits stays itself (never NaN)."""
+    queries = np.stack([unit(1, 0), unit(0, 1), unit(1, 1)])
+    feedback = [np.stack([unit(0, 1), unit(1, 1)]), unit(1, 0)[None], np.zeros((0, 2), np.float32)]
+    out = rocchio(queries, feedback, alpha=1.0, beta=1.0)
+    assert np.isfinite(out).all()
+    assert out[0] == pytest.approx(unit(*(queries[0] + feedback[0].mean(axis=0))))
+    assert out[1] == pytest.approx(unit(*(queries[1] + feedback[1][0])))
+    assert out[2] == pytest.approx(queries[2])
+    with pytest.raises(ValueError, match="2 feedback sets for 3 queries"):
+        rocchio(queries, feedback[:2])

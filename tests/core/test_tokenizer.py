@@ -66,3 +66,25 @@ def test_batch_pads_only_to_longest(clip_encoder):
     batch = clip_encoder.tokenize(["a dog", "a dog on a beach at night"])
     assert batch.input_ids.shape[1] == max(batch.attention_mask.sum(1))
     assert batch.input_ids.shape[1] < 77
+
+
+def test_fingerprints_follow_the_token_ids_not_the_text(starter_bundle, tmp_path):
+    """The embedding cache's key: an uncased vocabulary maps "US" and "us" to one key, a cased one
+    (export-hf keeps a cased model's tokenizer as it is) to two; special tokens are not text."""
+    import json
+
+    from core.bundle import read_manifest
+    from core.tokenizer import BundleTokenizer
+
+    manifest = read_manifest(starter_bundle, verify=False)
+    uncased = BundleTokenizer(starter_bundle / "tokenizer.json", manifest.max_tokens, "none", 0)
+    a, b, c, d = uncased.fingerprints(["US", "us", "[MASK]", "[mask]"])
+    assert a == b and c != d
+    assert uncased.fingerprints(["a  dog"]) == uncased.fingerprints(["a dog"])
+    spec = json.loads((starter_bundle / "tokenizer.json").read_text())
+    assert spec["normalizer"]["lowercase"] is True
+    spec["normalizer"]["lowercase"] = False
+    (tmp_path / "cased.json").write_text(json.dumps(spec))
+    cased = BundleTokenizer(tmp_path / "cased.json", manifest.max_tokens, "none", 0)
+    upper, lower = cased.fingerprints(["US", "us"])
+    assert upper != lower

@@ -124,3 +124,20 @@ def test_malformed_or_unsupported_filters_name_the_field(client, subtests):
 def test_info_names_the_backend(client, backend):
     info = client.get("/v1/info").json()["snapshot"]
     assert info["backend"] == backend and info["device"] in (("cpu", "gpu") if backend == "faiss" else ("milvus",))
+
+
+def test_prf_inside_a_filter_with_fewer_matches_than_feedback_images(client, direct):
+    """PRF asks each query's top m images inside the filter: a filter matching fewer than m (or none)
+    still answers, on both backends, with the paraphrases' rows too (several rows in one search)."""
+    enc, snap = direct
+    flt = {"caption_contains": "dog"}
+    allowed = set(snap.ids[matching(snap, flt)].tolist())
+    assert 0 < len(allowed) < 20
+    body = {"query": "a dog on a beach", "k": 5, "filter": flt, "expansion": {"method": "prf", "m": 20},
+            "consistency": {"paraphrases": ["a puppy at the seaside", "dog beach"], "k": 5}}
+    r = client.post("/v1/search", json=body)
+    assert r.status_code == 200, r.text
+    got = [x["id"] for x in r.json()["results"]]
+    assert got and set(got) <= allowed
+    none = client.post("/v1/search", json={**body, "filter": {"caption_contains": "no caption says this"}})
+    assert none.status_code == 200 and none.json()["results"] == []

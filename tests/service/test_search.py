@@ -38,12 +38,27 @@ def test_plain_search(client, direct):
     assert body["truncated"] is False
 
 
+def _embedding_cache(client, result: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return sum(s.value for f in families if f.name == "paraseek_cache" for s in f.samples
+               if s.labels == {"cache": "embedding", "result": result} and s.name.endswith("_total"))
+
+
 def test_cache_hit_returns_same_results(client):
-    a = client.post("/v1/search", json={"query": "Two giraffes", "k": 3}).json()
-    b = client.post("/v1/search", json={"query": "Two giraffes", "k": 3}).json()
+    a = client.post("/v1/search", json={"query": "Two giraffes", "k": 3, "expansion": {"method": "none"}}).json()
+    b = client.post("/v1/search", json={"query": "Two giraffes", "k": 3, "expansion": {"method": "none"}}).json()
     assert b["cache"] == "hit" and a["results"] == b["results"]
-    c = client.post("/v1/search", json={"query": "two  GIRAFFES", "k": 3}).json()  # same embedding key
-    assert c["results"] == a["results"]
+    hits = _embedding_cache(client, "hit")
+    # another result key, the same token ids under the starter's uncased vocabulary: the vector is cached
+    c = client.post("/v1/search", json={"query": "two  GIRAFFES", "k": 3, "expansion": {"method": "none"}}).json()
+    assert c["cache"] == "miss" and c["results"] == a["results"]
+    assert _embedding_cache(client, "hit") == hits + 1
+    misses = _embedding_cache(client, "miss")
+    client.post("/v1/search", json={"query": "two [MASK]", "k": 3, "expansion": {"method": "none"}})
+    client.post("/v1/search", json={"query": "two [mask]", "k": 3, "expansion": {"method": "none"}})
+    assert _embedding_cache(client, "miss") == misses + 2  # a special token and plain text differ
 
 
 def _ao(a, b, k):
