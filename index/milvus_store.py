@@ -399,6 +399,7 @@ class MilvusSnapshot(SearchableSnapshot):
         self.collection = manifest.location.get("collection") or store.collection(manifest.version)
         self.params = store.search_params or manifest.location.get("search_params") or {}
         self._meta: LRUCache = LRUCache(METADATA_CACHE)
+        self._meta_lock = threading.Lock()
         self._views: OrderedDict[str, MilvusView] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -451,13 +452,17 @@ class MilvusSnapshot(SearchableSnapshot):
 
     def metadata_of(self, image_ids) -> dict[int, dict]:
         wanted = [int(i) for i in image_ids]
-        missing = [i for i in dict.fromkeys(wanted) if i not in self._meta]
+        # the LRU reorders itself on every read: worker threads take turns (the lookup runs unlocked)
+        with self._meta_lock:
+            found = {i: self._meta[i] for i in dict.fromkeys(wanted) if i in self._meta}
+        missing = [i for i in dict.fromkeys(wanted) if i not in found]
         if missing:
             rows = self._call("metadata lookup", self.store.client.get, self.collection, ids=missing,
                               output_fields=["meta"], timeout=self.store.timeout_s)
-            for row in rows:
-                self._meta[int(row["id"])] = row["meta"]
-        return {i: self._meta[i] for i in wanted if i in self._meta}
+            with self._meta_lock:
+                for row in rows:
+                    found[int(row["id"])] = self._meta[int(row["id"])] = row["meta"]
+        return {i: found[i] for i in wanted if i in found}
 
     def vectors_of(self, image_ids) -> np.ndarray:
         wanted = [int(i) for i in image_ids]

@@ -250,7 +250,8 @@ class FilteredSnapshot:
     def __init__(self, snapshot: Snapshot, rows: np.ndarray):
         self.snapshot = snapshot
         self.rows = rows  # sorted row numbers of the matching images
-        self._params: faiss.SearchParameters | None = None
+        self._selector: faiss.IDSelectorBatch | None = None
+        self._selector_lock = threading.Lock()  # searches run in parallel when batching is off
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -261,11 +262,17 @@ class FilteredSnapshot:
         spec = snap.manifest.index
         if spec.exact or len(self.rows) <= max(SMALL_MATCH, k):
             return masked_exact_search(snap.vectors(), snap.ids, self.rows, queries, k)
-        if self._params is None:
-            self._selector = faiss.IDSelectorBatch(snap.ids[self.rows])  # kept alive with the params
-            self._params = search_parameters(spec, self._selector)
         exact = snap.exact_vectors() if (spec.refine_factor or 1) > 1 else None
-        return search(snap.index, spec, queries, min(int(k), len(self.rows)), exact, self._params)
+        return search(snap.index, spec, queries, min(int(k), len(self.rows)), exact, self.search_params())
+
+    def search_params(self) -> faiss.SearchParameters:
+        """Search parameters for one call, around the id selector built once on first use. Never shared
+        between calls: faiss' IndexIDMap swaps the selector inside the parameters it is given for the
+        duration of a search, so two threads searching with one object crash the process."""
+        with self._selector_lock:
+            if self._selector is None:
+                self._selector = faiss.IDSelectorBatch(self.snapshot.ids[self.rows])  # read-only: shared
+        return search_parameters(self.snapshot.manifest.index, self._selector)
 
 
 class Snapshot(SearchableSnapshot):
@@ -281,6 +288,9 @@ class Snapshot(SearchableSnapshot):
         self._filters: OrderedDict[str, FilteredSnapshot] = OrderedDict()
         self._columns: FilterColumns | None = None
         self._lock = threading.Lock()
+        self._lazy_lock = threading.Lock()  # what is built on first use, by any of the search threads
+        self._vectors: np.ndarray | None = None
+        self._exact: ExactVectors | None = None
         # a view of the flat index's own memory, for scans split among threads (no copy)
         self._flat = flat_rows(index) if manifest.index.exact and device == "cpu" else None
 
@@ -362,13 +372,19 @@ class Snapshot(SearchableSnapshot):
         return int(image_id) in self.metadata
 
     def vectors(self) -> np.ndarray:
-        return np.load(self.path / "vectors.npy", mmap_mode="r")
+        """The stored vectors, memory-mapped once (filtered scans, refine and updates share the map)."""
+        with self._lazy_lock:
+            if self._vectors is None:
+                self._vectors = np.load(self.path / "vectors.npy", mmap_mode="r")
+            return self._vectors
 
     def exact_vectors(self) -> ExactVectors:
         """The stored vectors by id (memory-mapped: the refine stage and "more like this" read rows)."""
-        if getattr(self, "_exact", None) is None:
-            self._exact = ExactVectors(self.vectors(), self.ids)
-        return self._exact
+        vectors = self.vectors()
+        with self._lazy_lock:
+            if self._exact is None:
+                self._exact = ExactVectors(vectors, self.ids)
+            return self._exact
 
     def vectors_of(self, image_ids) -> np.ndarray:
         """The stored (exact) vectors of these image ids, in their order."""

@@ -301,3 +301,42 @@ def test_index_types_map_to_milvus_or_say_they_cannot():
     assert native_index(IndexSpec(type="ivf_flat", nlist=8, nprobe=4)) == ("IVF_FLAT", {"nlist": 8}, {"nprobe": 4})
     with pytest.raises(UserError, match="'ivf_fp16' has no Milvus counterpart"):
         native_index(IndexSpec(type="ivf_fp16", nlist=8))
+
+
+def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path, request, monkeypatch):
+    """The service searches from worker threads (in parallel when batching is off): a filtered view's
+    first searches, metadata lookups through Milvus' small LRU and the memory-mapped vectors, all at
+    once, answer exactly what one thread does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from index import milvus_store
+    from index import snapshot as faiss_snapshot
+
+    monkeypatch.setattr(faiss_snapshot, "SMALL_MATCH", 100)  # FAISS: the id-selector path, built on first use
+    monkeypatch.setattr(milvus_store, "METADATA_CACHE", 64)  # Milvus: an LRU evicting all the time
+    vectors, ids, rows = synthetic(n=3000)
+    store = make_store(backend, tmp_path, request)
+    publish(store, vectors, ids, rows, IndexSpec(type="hnsw", ef_search=128))
+    by_id = {r["id"]: r for r in rows}
+    rng = np.random.default_rng(1)
+    batches = [rng.choice(ids, size=40, replace=False) for _ in range(64)]
+    flt = SearchFilter(fields={"colour": "green"})
+    queries = vectors[:8]
+    want = store.load(image_space=REF.image_space).filtered(flt).search_ids(queries, 10)[1]
+
+    snap = store.load(image_space=REF.image_space)  # fresh: nothing built yet
+    def work(batch):
+        got = snap.metadata_of(batch)
+        assert got == {int(i): by_id[int(i)] for i in batch}
+        assert np.array_equal(snap.vectors_of(batch[:5]), vectors[[int(np.flatnonzero(ids == i)[0]) for i in batch[:5]]])
+        return snap.filtered(flt).search_ids(queries, 10)[1]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(work, batches))
+    for got in results:
+        assert np.array_equal(got, want)
+    if backend == "faiss":
+        assert snap.vectors() is snap.vectors()  # mapped once, not reopened per search
+        view = snap.filtered(flt)
+        first, second = view.search_params(), view.search_params()
+        assert first is not second and int(first.sel.this) == int(second.sel.this)  # one selector, parameters per call
