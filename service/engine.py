@@ -55,6 +55,10 @@ RETRY_LOAD_S = 5.0  # a service that could not load its index at start tries aga
 SOLO_MAX_TEXTS = 4
 
 
+class StaleSwap(RuntimeError):
+    """What a swap meant to replace is no longer what is served (-> 409, or a failed job)."""
+
+
 class RequestError(UserError):
     """A well-formed request that cannot be answered as asked (-> 4xx naming ``field``)."""
 
@@ -231,6 +235,7 @@ class SearchEngine:
         self.default_expansion = (Expansion.model_validate_json(settings.default_expansion)
                                   if settings.default_expansion else None)
         self._sources_lock = threading.Lock()
+        self._swap_lock = threading.Lock()  # swaps come from the event loop, reindex jobs and the watcher
         self.load_error: str | None = None
         self.store: SnapshotStore | None = None
 
@@ -285,7 +290,7 @@ class SearchEngine:
         if removed:
             log.warning("removed what interrupted builds left behind: %s", removed)
         self.store.manifest()  # no published version yet: fail here, before loading an encoder (retried every few s)
-        self.swap(load_active(self.settings.bundle_dir, self.store, self.settings))
+        self.swap(load_active(self.settings.bundle_dir, self.store, self.settings), replaces=None)
 
     async def _watch_snapshot(self) -> None:
         """Follow the current version (the snapshot root's ``current``, or the Milvus alias): another
@@ -304,18 +309,27 @@ class SearchEngine:
                 active = self.active
                 if version and version != active.snapshot.version:
                     snap = await asyncio.to_thread(load_snapshot, self.store, active.encoder, self.settings)
-                    self.swap(Active(active.encoder, snap))
+                    self.swap(Active(active.encoder, snap), replaces=active)  # StaleSwap: the next poll looks again
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have
                 log.warning("snapshot not loaded: %s: %s", type(exc).__name__, exc)
 
-    def swap(self, active: Active) -> None:
-        replaced = self.active is not None and self.active is not active
-        self.active = active  # one reference assignment: atomic for concurrent requests
-        self.load_error = None
+    def swap(self, active: Active, replaces: Active | None, publish: Callable[[], None] | None = None) -> None:
+        """Serve ``active`` in place of ``replaces``, the one the caller read before its slow work
+        (loading a bundle, building a version). When another swap came in between, nothing changes and
+        ``StaleSwap`` says so: a reload made during a reindex is never silently reverted. ``publish``
+        (making the new version current in the store) runs under the same lock, just before the switch."""
+        with self._swap_lock:
+            if self.active is not replaces:
+                raise StaleSwap("the service changed while this ran (a reload, a reindex or a new current "
+                                "version): nothing was replaced; try again")
+            if publish is not None:
+                publish()
+            self.active = active  # one reference assignment: atomic for concurrent requests
+            self.load_error = None
         self.batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
         self.metrics.index_size.set(len(active.snapshot))
-        if replaced:
+        if replaces is not None and replaces is not active:
             release_free_memory()  # the replaced encoder/index: back to the OS, not just to the heap
 
     @property

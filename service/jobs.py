@@ -121,8 +121,9 @@ class JobManager:
             )
             active = Active(encoder, load_snapshot(store, encoder, settings, result.manifest.version))
             validate_snapshot(active)
-            store.activate(result.manifest.version)
-            engine.swap(active)
+            # published only if what this build started from is still served (a reload or another
+            # reindex meanwhile fails the job: the version stays written, unpublished)
+            engine.swap(active, replaces=current, publish=lambda: store.activate(result.manifest.version))
             pruned = store.prune(settings.snapshot_keep_versions)
             if pruned:
                 log.info("pruned old snapshot versions %s", pruned)

@@ -9,7 +9,7 @@ from core.bundle import BundleError
 from core.settings import Settings
 from index.image_sources import resolve_within, source_paths
 from service.deps import get_engine, get_jobs, get_settings, require_admin
-from service.engine import Active, RequestError, SearchEngine, load_encoder
+from service.engine import Active, RequestError, SearchEngine, StaleSwap, load_encoder
 from service.jobs import JobManager
 from service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
 
@@ -85,5 +85,8 @@ async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine),
         raise RequestError(
             "bundle", f"bundle image_space {encoder.image_space!r} does not match the snapshot's "
             f"{active.snapshot.manifest.image_space!r}: reindex with this bundle instead", status=409)
-    engine.swap(Active(encoder, active.snapshot))
+    try:
+        engine.swap(Active(encoder, active.snapshot), replaces=active)
+    except StaleSwap as exc:
+        raise RequestError("bundle", str(exc), status=409) from exc
     return {"bundle": encoder.name, "version": encoder.version, "precision": encoder.precision}

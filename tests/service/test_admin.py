@@ -230,3 +230,51 @@ def test_the_job_reads_the_resolved_source_and_checks_it_again(make_settings, sn
         assert job["state"] == "failed" and "outside the allowed roots" in job["error"]
         assert str(outside) not in job["error"]
         assert c.get("/v1/info").json()["snapshot"]["version"] == before
+
+
+def test_a_reload_during_a_reindex_is_not_reverted(make_settings, snapshot_copy, shared_data, starter_bundle, monkeypatch):
+    """Reindex, reload and the watcher each read what is served, work, then swap: the swap states what
+    it replaces, so a reload that lands while a reindex builds wins, and the reindex job fails saying
+    why, with its version written but not published."""
+    import threading
+
+    from service import jobs as jobs_module
+
+    building, release = threading.Event(), threading.Event()
+    real_build = jobs_module.build_snapshot
+
+    def slow_build(*args, **kwargs):
+        building.set()
+        assert release.wait(60)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "build_snapshot", slow_build)
+    # the root of the file system: the shared data and the test's bundle are both allowed
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root="/"))) as c:
+        before = c.get("/v1/info").json()
+        assert before["bundle"]["precision"] == "fp32"  # the plain starter's gate keeps fp32
+        job_id = c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json")},
+                        headers=AUTH).json()["id"]
+        assert building.wait(60)
+        reload = c.post("/v1/admin/reload", json={"bundle": str(starter_bundle), "precision": "int8"}, headers=AUTH)
+        assert reload.status_code == 200, reload.text
+        release.set()
+        job = wait_job(c, job_id)
+        assert job["state"] == "failed" and "StaleSwap" in job["error"] and "changed while this ran" in job["error"]
+        after = c.get("/v1/info").json()
+        assert after["bundle"]["precision"] == "int8"  # the reload stands
+        assert after["snapshot"]["version"] == before["snapshot"]["version"]
+        assert (snapshot_copy / "current").read_text().strip() == before["snapshot"]["version"]  # not published
+
+
+def test_a_swap_that_lost_the_race_changes_nothing(client):
+    from service.engine import Active, StaleSwap
+
+    engine = client.app.state.engine
+    served = engine.active
+    stale = Active(served.encoder, served.snapshot)  # what another caller read, then replaced
+    engine.swap(stale, replaces=served)
+    published = []
+    with pytest.raises(StaleSwap):
+        engine.swap(Active(served.encoder, served.snapshot), replaces=served, publish=lambda: published.append(1))
+    assert engine.active is stale and published == []
