@@ -40,10 +40,7 @@ from index.snapshot import (
     Snapshot,
     SnapshotError,
     SnapshotManifest,
-    clean_stale_staging,
-    new_version_name,
     publish,
-    staging_dir,
 )
 from index.store import SearchableSnapshot, SnapshotStore
 from index.vector_sources import VectorSource, iter_shards, open_vector_source
@@ -481,10 +478,9 @@ def build_snapshot_from_vectors(
         return _vectors_into_store(src, store, ref, provenance, spec or IndexSpec(), normalize, progress, activate,
                                    target_recall, queries, paths)
     root = store.root
-    root.mkdir(parents=True, exist_ok=True)
-    clean_stale_staging(root)
-    version = new_version_name(root)
-    stage = staging_dir(root, version)
+    store.clean_stale()
+    version = store.begin_version()
+    stage = store.staging(version)
     count, dim = src.count, src.dim
     try:
         start = time.perf_counter()

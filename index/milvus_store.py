@@ -27,7 +27,6 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,7 +37,7 @@ from core.errors import UserError
 from index.faiss_index import IndexSpec
 from index.filters import SearchFilter, caption_text, licence_id, milvus_expression
 from index.snapshot import SnapshotError, SnapshotManifest, check_image_space, pid_alive
-from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore
+from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +177,8 @@ class MilvusStore(SnapshotStore):
         return sorted(r["version"] for r in self._rows("published"))
 
     def new_version_name(self) -> str:
-        numbers = [int(r["version"][1:5]) for r in self._rows() if r["version"][1:5].isdigit()]
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        return f"v{max(numbers, default=0) + 1:04d}-{stamp}"
+        # Milvus has no compare-and-set: the name's random suffix keeps two writers' names apart
+        return next_version_name(r["version"] for r in self._rows())
 
     def _alias_exists(self) -> bool:
         return self.alias in (self.client.list_aliases().get("aliases") or [])
@@ -269,7 +267,7 @@ class MilvusStore(SnapshotStore):
                 self._drop(row["version"])
                 removed.append(row["version"])
         known = {self.collection(r["version"]) for r in self._rows()}
-        pattern = re.compile(rf"^{re.escape(self.prefix)}_v\d{{4}}_\d{{8}}T\d{{6}}Z$")
+        pattern = re.compile(rf"^{re.escape(self.prefix)}_v\d{{4}}_\d{{8}}T\d{{6}}Z(?:_[0-9a-f]{{4}})?$")
         for name in self.client.list_collections():
             if pattern.match(name) and name not in known:
                 self.client.drop_collection(name)

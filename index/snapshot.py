@@ -12,6 +12,7 @@ A build writes ``versions/.tmp-<version>``, fsyncs it, renames it into place and
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from datetime import datetime, timezone
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -45,11 +46,12 @@ from index.faiss_index import (
     to_search_device,
 )
 from index.filters import FilterColumns, SearchFilter, user_field_names
-from index.store import SearchableSnapshot, SnapshotStore
+from index.store import SearchableSnapshot, SnapshotStore, next_version_name
 
 CURRENT = "current"
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
+WRITER_LOCK = ".lock"  # see writer_lock
 FILES = ("index.faiss", "ids.npy", "vectors.npy", "metadata.jsonl", "report.json")
 FORMAT_VERSION = 1
 
@@ -90,12 +92,25 @@ class SnapshotManifest(BaseModel):
 
 
 def new_version_name(root: Path) -> str:
-    """Sortable, unique version names: v0001-20261122T080000Z, v0002-..."""
+    """The next version name of a snapshot root, counting the versions being written (staging
+    folders) as taken. Call it holding ``writer_lock``, and create the staging folder before letting go."""
     versions = root / VERSIONS
-    existing = [p.name for p in versions.iterdir()] if versions.is_dir() else []
-    numbers = [int(n[1:5]) for n in existing if n.startswith("v") and n[1:5].isdigit()]
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"v{max(numbers, default=0) + 1:04d}-{stamp}"
+    existing = [p.name.removeprefix(STAGING_PREFIX) for p in versions.iterdir()] if versions.is_dir() else []
+    return next_version_name(existing)
+
+
+@contextmanager
+def writer_lock(root: Path):
+    """Exclusive among the processes writing one snapshot root (an advisory lock on ``root/.lock``): held
+    while a version name is taken and its staging folder made, while stale staging folders are removed,
+    and while a version is published, activated or pruned; never while a version is built."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / WRITER_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -110,13 +125,26 @@ STAGING_PREFIX = ".tmp-"
 OWNER = ".owner"  # {"pid", "host"} of the process writing a staging folder
 
 
-def staging_dir(root: Path, version: str) -> Path:
+def _make_staging(root: Path, version: str) -> Path:
     path = root / VERSIONS / f"{STAGING_PREFIX}{version}"
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
+    (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+    path.mkdir()  # FileExistsError rather than take over a folder that another writer owns
     (path / OWNER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     return path
+
+
+def staging_dir(root: Path, version: str) -> Path:
+    """Create the staging folder of ``version``, owned by this process (an existing one is an error)."""
+    with writer_lock(root):
+        return _make_staging(root, version)
+
+
+def begin_version(root: Path) -> tuple[str, Path]:
+    """A new version name of ``root``, reserved: its staging folder exists, owned by this process, so
+    no other writer takes the name and no cleaner removes the folder while this process lives."""
+    with writer_lock(root):
+        version = new_version_name(root)
+        return version, _make_staging(root, version)
 
 
 def pid_alive(pid: int) -> bool:
@@ -135,17 +163,20 @@ def clean_stale_staging(root: str | Path, max_age_s: float = 6 * 3600) -> list[s
     this host, and any older than ``max_age_s`` (a writer on another host that never finished).
     A build in progress keeps its folder. Returns the names removed."""
     versions = Path(root) / VERSIONS
-    removed = []
-    for stage in sorted(versions.glob(f"{STAGING_PREFIX}*")) if versions.is_dir() else []:
-        try:
-            owner = json.loads((stage / OWNER).read_text())
-            mine = owner.get("host") == socket.gethostname()
-            stale = (mine and not pid_alive(int(owner["pid"]))) or time.time() - stage.stat().st_mtime > max_age_s
-        except (OSError, ValueError, KeyError, TypeError):
-            stale = True  # no readable owner: not written by a live build of this version
-        if stale:
-            shutil.rmtree(stage, ignore_errors=True)
-            removed.append(stage.name)
+    removed: list[str] = []
+    if not versions.is_dir():
+        return removed
+    with writer_lock(Path(root)):  # a folder being created or published is never half-seen here
+        for stage in sorted(versions.glob(f"{STAGING_PREFIX}*")):
+            try:
+                owner = json.loads((stage / OWNER).read_text())
+                mine = owner.get("host") == socket.gethostname()
+                stale = (mine and not pid_alive(int(owner["pid"]))) or time.time() - stage.stat().st_mtime > max_age_s
+            except (OSError, ValueError, KeyError, TypeError):
+                stale = True  # no readable owner: not written by a live build of this version
+            if stale:
+                shutil.rmtree(stage, ignore_errors=True)
+                removed.append(stage.name)
     return removed
 
 
@@ -153,18 +184,19 @@ def prune_versions(root: str | Path, keep: int) -> list[str]:
     """Delete the oldest published versions beyond the newest ``keep``; never the current version or
     the one before it (its parent, or the previous version), which a rollback needs."""
     root = Path(root)
-    versions = sorted(p.name for p in (root / VERSIONS).iterdir() if p.is_dir() and not p.name.startswith("."))
-    current = current_version(root)
-    protected = {current}
-    if current in versions:
-        parent = read_snapshot_manifest(root / VERSIONS / current).parent
-        index = versions.index(current)
-        protected |= {parent, versions[index - 1] if index > 0 else None}
-    removed = []
-    for name in versions[: max(0, len(versions) - keep)]:
-        if name not in protected:
-            shutil.rmtree(root / VERSIONS / name, ignore_errors=True)
-            removed.append(name)
+    with writer_lock(root):
+        versions = sorted(p.name for p in (root / VERSIONS).iterdir() if p.is_dir() and not p.name.startswith("."))
+        current = current_version(root)
+        protected = {current}
+        if current in versions:
+            parent = read_snapshot_manifest(root / VERSIONS / current).parent
+            index = versions.index(current)
+            protected |= {parent, versions[index - 1] if index > 0 else None}
+        removed = []
+        for name in versions[: max(0, len(versions) - keep)]:
+            if name not in protected:
+                shutil.rmtree(root / VERSIONS / name, ignore_errors=True)
+                removed.append(name)
     return removed
 
 
@@ -183,7 +215,6 @@ def write_snapshot_files(
 def publish(root: Path, stage: Path, manifest: SnapshotManifest, activate: bool = True) -> tuple[Path, SnapshotManifest]:
     """Checksum, fsync and rename the staged version into place, then (``activate``) point
     ``current`` at it."""
-    (stage / OWNER).unlink(missing_ok=True)
     files = checksums(stage, FILES)
     manifest = manifest.model_copy(update={"files": files})
     (stage / MANIFEST).write_text(manifest.model_dump_json(indent=2))
@@ -191,19 +222,26 @@ def publish(root: Path, stage: Path, manifest: SnapshotManifest, activate: bool 
         with open(stage / name, "rb") as f:
             os.fsync(f.fileno())
     final = root / VERSIONS / manifest.version
-    os.rename(stage, final)
-    _fsync_dir(root / VERSIONS)
-    if activate:
-        activate_version(root, manifest.version)
+    with writer_lock(root):
+        os.rename(stage, final)  # the owner file goes only once the folder is no longer a staging one
+        (final / OWNER).unlink(missing_ok=True)
+        _fsync_dir(root / VERSIONS)
+        if activate:
+            _point_current(root, manifest.version)
     return final, manifest
 
 
 def activate_version(root: Path, version: str) -> None:
     """Atomically point ``current`` at an existing version (write, fsync, rename)."""
     root = Path(root)
+    with writer_lock(root):
+        _point_current(root, version)
+
+
+def _point_current(root: Path, version: str) -> None:
     if not (root / VERSIONS / version / MANIFEST).is_file():
         raise SnapshotError(f"cannot activate {version!r}: no such version in {root}")
-    tmp = root / (CURRENT + ".tmp")
+    tmp = root / f"{CURRENT}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(version + "\n")
         f.flush()
@@ -443,13 +481,14 @@ class FaissStore(SnapshotStore):
         return clean_stale_staging(self.root)
 
     def new_version_name(self) -> str:
-        return new_version_name(self.root)
+        """A reserved name (``begin_version``): ``write_version`` fills its staging folder."""
+        return self.begin_version()
 
     def begin_version(self) -> str:
-        self.root.mkdir(parents=True, exist_ok=True)
-        version = new_version_name(self.root)
-        staging_dir(self.root, version)
-        return version
+        return begin_version(self.root)[0]
+
+    def staging(self, version: str) -> Path:
+        return self.root / VERSIONS / f"{STAGING_PREFIX}{version}"
 
     def abort_version(self, version: str) -> None:
         shutil.rmtree(self.root / VERSIONS / f"{STAGING_PREFIX}{version}", ignore_errors=True)
@@ -457,8 +496,7 @@ class FaissStore(SnapshotStore):
     def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
         from index.builder import build_faiss_index, measure_recall  # the builder imports this module
 
-        self.root.mkdir(parents=True, exist_ok=True)
-        stage = self.root / VERSIONS / f"{STAGING_PREFIX}{draft.version}"
+        stage = self.staging(draft.version)
         if not stage.is_dir():  # not begun with begin_version
             stage = staging_dir(self.root, draft.version)
         try:

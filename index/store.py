@@ -16,8 +16,12 @@ loaded version (``SearchableSnapshot``) checks the bundle's image space, and sea
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -34,6 +38,18 @@ if TYPE_CHECKING:
     from index.snapshot import BundleRef, SnapshotManifest
 
 BACKENDS = ("faiss", "milvus")
+
+# v0001-20261122T080000Z-3f9a: a number and a UTC time (sortable), and a random suffix (versions
+# named before the suffix have none) so that two writers naming a version in the same second differ
+VERSION_NAME = re.compile(r"^v(\d{4})-\d{8}T\d{6}Z(?:-[0-9a-f]{4})?$")
+
+
+def next_version_name(existing: Iterable[str]) -> str:
+    """The name of a new version after the ``existing`` ones (published or being written): unique
+    across processes writing one collection at once, whichever backend."""
+    numbers = [int(m.group(1)) for name in existing if (m := VERSION_NAME.match(name))]
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"v{max(numbers, default=0) + 1:04d}-{stamp}-{secrets.token_hex(2)}"
 
 
 @dataclass

@@ -340,3 +340,62 @@ def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path
         view = snap.filtered(flt)
         first, second = view.search_params(), view.search_params()
         assert first is not second and int(first.sel.this) == int(second.sel.this)  # one selector, parameters per call
+
+
+def _two_writers(tmp_path, out_args: list[str]) -> list[subprocess.CompletedProcess]:
+    """Two `paraseek index build --embeddings` processes into one collection, started together."""
+    procs = []
+    for writer in range(2):
+        folder = tmp_path / f"emb{writer}"
+        folder.mkdir()
+        vectors, ids, _ = synthetic(n=6000, seed=writer)
+        np.save(folder / "v.npy", vectors)
+        (folder / "v.jsonl").write_text("".join(f'{{"id": {int(i)}, "caption": "writer {writer}"}}\n' for i in ids))
+        procs.append([sys.executable, "-m", "paraseek.cli", "index", "build", "--embeddings", str(folder / "v.npy"),
+                      "--image-space", REF.image_space, "--type", "hnsw", *out_args])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    running = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for cmd in procs]
+    return [subprocess.CompletedProcess(p.args, p.wait(300), p.stdout.read() if p.stdout else "") for p in running]
+
+
+def _check_two_versions(store: SnapshotStore, versions: list[str]) -> None:
+    assert len(set(versions)) == 2, versions  # two distinct names
+    writers = set()
+    for version in versions:
+        snap = store.load(version)  # complete: FAISS verifies every checksum, Milvus counts the rows
+        assert len(snap) == 6000
+        writers.add(next(iter(snap.metadata_of([int(snap.search_ids(np.ones((1, 32), np.float32) / 32**0.5, 1)[1][0, 0])]).values()))["captions"][0])
+        snap.close()
+    assert writers == {"writer 0", "writer 1"}  # each version holds its own writer's rows, none overwritten
+    assert store.current_version() in versions and len(store.load()) == 6000
+
+
+def test_two_processes_building_into_one_faiss_root(tmp_path):
+    """Each takes its own version name and staging folder under the root's writer lock; neither removes
+    the other's folder; both publish complete versions and `current` names one of them."""
+    done = _two_writers(tmp_path, ["--out", str(tmp_path / "snap")])
+    assert all(p.returncode == 0 for p in done), [p.stdout[-2000:] for p in done]
+    store = FaissStore(tmp_path / "snap")
+    _check_two_versions(store, store.versions())
+    assert not list((tmp_path / "snap" / "versions").glob(".tmp-*"))  # nothing staged left behind
+
+
+def test_two_processes_building_into_one_milvus_collection(milvus_server, tmp_path):
+    from index.milvus_store import MilvusStore
+
+    done = _two_writers(tmp_path, ["--backend", "milvus", "--uri", milvus_server["uri"], "--collection", "race"])
+    assert all(p.returncode == 0 for p in done), [p.stdout[-2000:] for p in done]
+    store = MilvusStore(milvus_server["uri"], prefix="race")
+    _check_two_versions(store, store.versions())
+
+
+def test_a_staging_folder_is_never_taken_over(tmp_path):
+    from index.snapshot import begin_version, clean_stale_staging, staging_dir
+
+    root = tmp_path / "snap"
+    first, stage = begin_version(root)
+    second, _ = begin_version(root)
+    assert first != second and first[:5] != second[:5]  # the staged name counts as taken
+    with pytest.raises(FileExistsError):
+        staging_dir(root, first)
+    assert clean_stale_staging(root) == [] and stage.is_dir()  # its owner (this process) is alive
