@@ -67,6 +67,14 @@ class Settings(BaseSettings):
     max_index_wait_ms: float = Field(
         100.0, ge=0, le=1000, description="longest an index search waits for requests being encoded (0: never)")
 
+    # back-pressure: what the service takes on at once, and how long a request may take
+    max_in_flight: int = Field(32, ge=1, description="requests answered at once (search, image, similar, embeddings); "
+                               "one more is refused at once with 503 and Retry-After instead of queueing")
+    request_timeout_s: float = Field(30.0, gt=0, description="a request unanswered after this is given up: 503 with Retry-After")
+    max_queued_batches: int = Field(1024, ge=1, description="items waiting in each batcher's queue; past it: 503")
+    paraphrase_workers: int = Field(4, ge=1, description="threads of their own for paraphrase sources (an LLM "
+                                    "endpoint's calls), so slow ones never hold the shared pool")
+
     # caches: Redis when a URL is given, else an in-process LRU
     redis_url: str | None = None
     redis_timeout_s: float = Field(0.25, gt=0, description="per Redis command")
@@ -107,7 +115,11 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = None
     llm_timeout_s: float = Field(20.0, gt=0)
     llm_retries: int = Field(2, ge=0)
+    llm_deadline_s: float = Field(15.0, gt=0, description="all the endpoint calls for one text's paraphrases end by then "
+                                  "(retries included): what came back by then is used")
     llm_cache: Path | None = Field(None, description="on-disk cache of LLM answers (default: HOME/llm-cache.jsonl)")
+    llm_cache_entries: int = Field(100_000, ge=1, description="answers the LLM cache keeps (the least recently used go, "
+                                   "in memory and, when the file doubles, on disk)")
 
     # logs and load tests
     log_json: bool = True

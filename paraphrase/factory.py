@@ -34,6 +34,7 @@ def make_source(method: str, settings: Settings, *, ppdb_path: str | Path | None
             settings.llm_base_url, settings.llm_model,
             settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
             timeout=settings.llm_timeout_s, retries=settings.llm_retries, cache_path=settings.llm_cache_path,
+            deadline_s=settings.llm_deadline_s, cache_entries=settings.llm_cache_entries,
         )
         return TwoStepGenerator(client) if method == "generator" else LLMSource(client, name=method)
     raise ParaphraseSourceUnavailable(f"unknown paraphrase method {method!r} (one of {', '.join(METHODS)})")

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from cachetools import LRUCache
+
 from paraphrase import ParaphraseSourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -29,55 +31,88 @@ PROMPT_AVOID_WORDS = (
 
 
 class LLMError(RuntimeError):
-    """The endpoint failed after all retries."""
+    """The endpoint failed after all retries, or gave nothing before the deadline."""
+
+
+class LLMDeadline(LLMError):
+    """The deadline for one text's calls passed before this call could be made or finished."""
 
 
 class JsonlCache:
-    """Append-only JSONL of {key, value}: survives crashes line by line, read once at start."""
+    """Append-only JSONL of {key, value}: survives crashes line by line, read once at start. At most
+    ``max_entries`` answers are kept, the least recently used going first: in memory at once, and on
+    disk when the file has grown to twice that (it is rewritten with what is kept)."""
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, max_entries: int = 100_000):
         self.path = Path(path) if path else None
-        self._data: dict[str, str] = {}
+        self.max_entries = max_entries
+        self._data: LRUCache[str, str] = LRUCache(max_entries)
+        self._lines = 0
         self._lock = threading.Lock()
         if self.path and self.path.is_file():
             with open(self.path) as f:
                 for line in f:
+                    self._lines += 1
                     try:
                         row = json.loads(line)
                         self._data[row["key"]] = row["value"]
                     except (json.JSONDecodeError, KeyError):
                         continue  # a torn last line after a crash
 
+    def __len__(self) -> int:
+        return len(self._data)
+
     def get(self, key: str) -> str | None:
-        return self._data.get(key)
+        with self._lock:  # an LRU read reorders it
+            return self._data.get(key)
 
     def put(self, key: str, value: str) -> None:
         with self._lock:
             self._data[key] = value
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                if self._lines >= 2 * self.max_entries:
+                    self._compact()
                 with open(self.path, "a") as f:
                     f.write(json.dumps({"key": key, "value": value}) + "\n")
+                self._lines += 1
+
+    def _compact(self) -> None:
+        assert self.path is not None
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            for key, value in self._data.items():
+                f.write(json.dumps({"key": key, "value": value}) + "\n")
+        os.replace(tmp, self.path)
+        self._lines = len(self._data)
 
 
 class ChatClient:
     def __init__(self, base_url: str | None, model: str | None, api_key: str | None = None,
                  timeout: float = 20.0, retries: int = 2, cache_path: str | os.PathLike | None = None,
-                 temperature: float = 0.8):
+                 temperature: float = 0.8, deadline_s: float | None = None, cache_entries: int = 100_000):
+        """``deadline_s``: all the calls for one text's paraphrases (``deadline()``) end by then."""
         if not base_url or not model:
             raise ParaphraseSourceUnavailable("no LLM endpoint configured (PARASEEK_LLM_BASE_URL and PARASEEK_LLM_MODEL)")
         import httpx
 
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.timeout = timeout
         self.retries = retries
         self.temperature = temperature
+        self.deadline_s = deadline_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=timeout, headers=headers)
-        self.cache = JsonlCache(cache_path)
+        self.cache = JsonlCache(cache_path, cache_entries)
 
-    def complete(self, prompt: str, sample: int = 0) -> str:
-        """One chat completion; ``sample`` distinguishes repeated draws of the same prompt in the cache."""
+    def deadline(self) -> float | None:
+        """The monotonic time by which the calls for one text must end (None: no deadline)."""
+        return None if self.deadline_s is None else time.monotonic() + self.deadline_s
+
+    def complete(self, prompt: str, sample: int = 0, deadline: float | None = None) -> str:
+        """One chat completion; ``sample`` distinguishes repeated draws of the same prompt in the cache.
+        No attempt starts, and none lasts, past ``deadline`` (``LLMDeadline``)."""
         key = hashlib.sha256(json.dumps([self.model, prompt, sample, self.temperature]).encode()).hexdigest()
         cached = self.cache.get(key)
         if cached is not None:
@@ -86,8 +121,12 @@ class ChatClient:
                 "temperature": self.temperature, "n": 1}
         last: Exception | None = None
         for attempt in range(self.retries + 1):
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise LLMDeadline(f"LLM endpoint {self.base_url}: no answer within the deadline ({last or 'no attempt left'})")
             try:
-                resp = self._http.post(f"{self.base_url}/chat/completions", json=body)
+                timeout = self.timeout if remaining is None else min(self.timeout, remaining)
+                resp = self._http.post(f"{self.base_url}/chat/completions", json=body, timeout=timeout)
                 if resp.status_code >= 500 or resp.status_code == 429:
                     raise LLMError(f"HTTP {resp.status_code}")
                 resp.raise_for_status()
@@ -99,8 +138,21 @@ class ChatClient:
             except Exception as exc:  # network errors, bad JSON, HTTP errors: retry with backoff
                 last = exc
                 if attempt < self.retries:
-                    time.sleep(0.2 * 2**attempt)
+                    pause = 0.2 * 2**attempt
+                    time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         raise LLMError(f"LLM endpoint {self.base_url} failed after {self.retries + 1} attempts: {last}")
+
+
+def _until_deadline(draw, n: int, client: ChatClient) -> list[str]:
+    """Paraphrases from ``draw(deadline)`` (it appends to the list it returns) until n or the deadline:
+    what came back in time is kept; nothing at all is an ``LLMError``."""
+    out: list[str] = []
+    try:
+        draw(out, client.deadline())
+    except LLMDeadline as exc:
+        if not out:
+            raise LLMError(f"no paraphrase within {client.deadline_s:g} s: {exc}") from exc
+    return out[:n]
 
 
 class LLMSource:
@@ -115,14 +167,15 @@ class LLMSource:
         self.prompt = self.PROMPTS[name]
 
     def paraphrases(self, text: str, n: int) -> list[str]:
-        out: list[str] = []
-        for i in range(n * 2):  # a few extra draws in case of duplicates
-            p = self.client.complete(self.prompt.format(text=text), sample=i)
-            if p.lower() != text.lower() and p not in out:
-                out.append(p)
-            if len(out) == n:
-                break
-        return out
+        def draw(out: list[str], deadline: float | None) -> None:
+            for i in range(n * 2):  # a few extra draws in case of duplicates
+                p = self.client.complete(self.prompt.format(text=text), sample=i, deadline=deadline)
+                if p.lower() != text.lower() and p not in out:
+                    out.append(p)
+                if len(out) == n:
+                    return
+
+        return _until_deadline(draw, n, self.client)
 
 
 class TwoStepGenerator:
@@ -134,17 +187,18 @@ class TwoStepGenerator:
     def __init__(self, client: ChatClient):
         self.client = client
 
-    def pair(self, text: str, sample: int = 0) -> tuple[str, str]:
-        x1 = self.client.complete(PROMPT_PARAPHRASE.format(text=text), sample=sample)
-        x2 = self.client.complete(PROMPT_AVOID_WORDS.format(text=x1), sample=sample)
+    def pair(self, text: str, sample: int = 0, deadline: float | None = None) -> tuple[str, str]:
+        x1 = self.client.complete(PROMPT_PARAPHRASE.format(text=text), sample=sample, deadline=deadline)
+        x2 = self.client.complete(PROMPT_AVOID_WORDS.format(text=x1), sample=sample, deadline=deadline)
         return x1, x2
 
     def paraphrases(self, text: str, n: int) -> list[str]:
-        out: list[str] = []
-        sample = 0
-        while len(out) < n and sample < n:
-            for p in self.pair(text, sample):
-                if p.lower() != text.lower() and p not in out and len(out) < n:
-                    out.append(p)
-            sample += 1
-        return out
+        def draw(out: list[str], deadline: float | None) -> None:
+            sample = 0
+            while len(out) < n and sample < n:
+                for p in self.pair(text, sample, deadline):
+                    if p.lower() != text.lower() and p not in out and len(out) < n:
+                        out.append(p)
+                sample += 1
+
+        return _until_deadline(draw, n, self.client)

@@ -60,7 +60,7 @@ class Expected:
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             batcher._expected -= 1
-            if batcher._queue is not None:
+            if batcher._queue is not None and not batcher._queue.full():
                 batcher._queue.put_nowait(_WAKE)  # a worker waiting for this request stops waiting
 
     def __enter__(self) -> Expected:
@@ -81,13 +81,20 @@ class _Item:
     future: asyncio.Future
 
 
+class Overloaded(RuntimeError):
+    """The service takes no more work now (-> 503 with Retry-After): requests in flight or a queue at
+    its bound. Refusing at once keeps the accepted requests' latency; queueing would raise everyone's."""
+
+
 class ContinuousBatcher(Generic[P, R]):
     def __init__(self, run: Callable[[Any, list[P]], list[R]], *, name: str, max_batch_size: int = 64,
                  max_wait_ms: float = 0.0, enabled: bool = True, size: Callable[[P], int] = lambda p: 1,
-                 on_batch: Callable[[int], None] | None = None, workers: int = 1, max_expect_wait_ms: float = 0.0):
+                 on_batch: Callable[[int], None] | None = None, workers: int = 1, max_expect_wait_ms: float = 0.0,
+                 max_queued: int = 1024):
         """``run(key, payloads) -> results`` (one per payload) does one merged call; ``size`` says how
         many units (texts, query rows) a payload holds, for the cap and the metrics; ``workers`` calls
-        run at once; announced requests (``expect``) are waited for up to ``max_expect_wait_ms``."""
+        run at once; announced requests (``expect``) are waited for up to ``max_expect_wait_ms``; past
+        ``max_queued`` waiting payloads, ``submit`` raises ``Overloaded``."""
         self.run = run
         self.name = name
         self.max_batch_size = max_batch_size
@@ -97,6 +104,7 @@ class ContinuousBatcher(Generic[P, R]):
         self.on_batch = on_batch
         self.workers = max(1, workers)
         self.max_expect_wait = max_expect_wait_ms / 1000.0
+        self.max_queued = max_queued
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
         self._queue: asyncio.Queue[_Item] | None = None
         self._tasks: list[asyncio.Task] = []
@@ -105,7 +113,8 @@ class ContinuousBatcher(Generic[P, R]):
 
     async def start(self) -> None:
         if self.enabled and not self._tasks:
-            self._queue = asyncio.Queue()
+            # one place more than the bound for the wake-ups a release queues
+            self._queue = asyncio.Queue(maxsize=self.max_queued + 1)
             self._idle = self.workers
             self._tasks = [asyncio.create_task(self._loop(), name=f"{self.name}-batcher-{i}") for i in range(self.workers)]
 
@@ -138,6 +147,8 @@ class ContinuousBatcher(Generic[P, R]):
                 self.on_batch(self.size(payload))
             results = await loop.run_in_executor(None, run, key, [payload])
             return results[0]
+        if self._queue.qsize() >= self.max_queued:
+            raise Overloaded(f"the {self.name} queue holds {self.max_queued} waiting requests")
         future = loop.create_future()
         self._queue.put_nowait(_Item(key, payload, run, future))
         return await future

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, TypeVar
 
@@ -31,7 +32,7 @@ from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
 from paraphrase.factory import make_source
 from paraphrase.llm import LLMError
-from service.batcher import ContinuousBatcher, LoneCallGate, encode_texts, search_rows
+from service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, encode_texts, search_rows
 from service.cache import Cache, params_key
 from service.prometheus import ServiceMetrics
 from service.schemas import (
@@ -118,14 +119,27 @@ def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str
 
 
 def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Counts the engine's requests in flight (``SearchEngine.in_flight``) while ``method`` runs."""
+    """A request of the engine: refused at once (``Overloaded``) when ``max_in_flight`` are being
+    answered, counted in ``SearchEngine.in_flight`` while it runs, and given up after
+    ``request_timeout_s`` (``Overloaded`` too: the work it waited for is cancelled where it can be)."""
     @functools.wraps(method)
     async def run(self: SearchEngine, *args, **kwargs) -> T:
+        if self.in_flight >= self.settings.max_in_flight:
+            self.metrics.shed.labels("in_flight").inc()
+            raise Overloaded(f"{self.in_flight} requests are being answered (PARASEEK_MAX_IN_FLIGHT)")
         self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
         try:
-            return await method(self, *args, **kwargs)
+            return await asyncio.wait_for(method(self, *args, **kwargs), self.settings.request_timeout_s)
+        except asyncio.TimeoutError:
+            self.metrics.shed.labels("deadline").inc()
+            raise Overloaded(f"no answer within {self.settings.request_timeout_s:g} s (PARASEEK_REQUEST_TIMEOUT_S)") from None
+        except Overloaded:
+            self.metrics.shed.labels("queue").inc()
+            raise
         finally:
             self.in_flight -= 1
+            self.metrics.in_flight.set(self.in_flight)
     return run
 
 
@@ -221,13 +235,16 @@ class SearchEngine:
         self.batcher: ContinuousBatcher = ContinuousBatcher(
             encode_texts(self._encode), name="encoder", max_batch_size=settings.max_batch_size or 64,
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
-            workers=encoder_workers(settings),
+            workers=encoder_workers(settings), max_queued=settings.max_queued_batches,
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
             search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
             enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
-            max_expect_wait_ms=settings.max_index_wait_ms,
+            max_expect_wait_ms=settings.max_index_wait_ms, max_queued=settings.max_queued_batches,
         )
+        # paraphrase sources (an LLM endpoint: seconds a call) on threads of their own, so that slow
+        # ones never hold the shared pool that metadata lookups and filters use
+        self._paraphrase_pool = ThreadPoolExecutor(settings.paraphrase_workers, thread_name_prefix="paraphrase")
         self._lone_calls = LoneCallGate()
         self.in_flight = 0  # requests being answered (search, image, similar, embeddings)
         self._sources: dict[str, ParaphraseSource] = {}
@@ -280,6 +297,7 @@ class SearchEngine:
             self._watcher.cancel()
         await self.batcher.stop()
         await self.index_batcher.stop()
+        self._paraphrase_pool.shutdown(wait=False, cancel_futures=True)
         await self.cache.close()
 
     def _load(self) -> None:
@@ -355,11 +373,12 @@ class SearchEngine:
             return self._sources[key]
 
     async def paraphrases(self, text: str, method: str, n: int, field: str, usual_only: bool = True) -> list[str]:
+        loop = asyncio.get_running_loop()
         # loading a source reads files (WordNet takes seconds): never on the event loop
-        source = await asyncio.to_thread(self.paraphrase_source, method, field, usual_only)
+        source = await loop.run_in_executor(self._paraphrase_pool, self.paraphrase_source, method, field, usual_only)
         try:
-            # LLM calls block on the network: keep them off the event loop
-            return await asyncio.to_thread(source.paraphrases, text, n)
+            # LLM calls block on the network (each text's within PARASEEK_LLM_DEADLINE_S): off the event loop
+            return await loop.run_in_executor(self._paraphrase_pool, source.paraphrases, text, n)
         except LLMError as exc:
             raise RequestError(field, str(exc), status=502) from exc
         except Exception as exc:  # a source's own failure: logged in full, reported as upstream, never a 500

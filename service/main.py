@@ -19,6 +19,7 @@ from core.cpu_threads import limit_pthread_blas
 from core.settings import Settings
 from core.tokenizer import EmptyTextError
 from index.store import IndexUnavailable
+from service.batcher import Overloaded
 from service.engine import RequestError, SearchEngine
 from service.jobs import JobManager
 from service.logging_config import configure_logging, request_id
@@ -163,6 +164,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         response = _error(503, ["index"], f"the vector index ({settings.index_backend}) is unavailable; retry shortly",
                           "index_unavailable")
         response.headers["Retry-After"] = "5"
+        return response
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(_: Request, exc: Overloaded):
+        # refused at once, before any work: the accepted requests keep their latency
+        response = _error(503, ["service"], f"overloaded, retry shortly: {exc}", "overloaded")
+        response.headers["Retry-After"] = "1"
         return response
 
     @app.exception_handler(EmptyTextError)

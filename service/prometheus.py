@@ -24,3 +24,6 @@ class ServiceMetrics:
                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.index_size = Gauge("paraseek_index_vectors", "Vectors in the serving snapshot", registry=r)
         self.reindex = Counter("paraseek_reindex_total", "Reindex jobs", ["result"], registry=r)
+        self.shed = Counter("paraseek_shed_total", "Requests refused with 503 to keep the others' latency",
+                            ["reason"], registry=r)  # in_flight, queue, deadline
+        self.in_flight = Gauge("paraseek_requests_in_flight", "Requests being answered", registry=r)

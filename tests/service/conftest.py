@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -157,10 +158,13 @@ def uvicorn_server(starter_bundle, shared_data, tmp_path):
 class _FakeChat(BaseHTTPRequestHandler):
     calls: list = []
     fail = False
+    delay = 0.0  # seconds before each answer: a slow endpoint
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         _FakeChat.calls.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
+        if _FakeChat.delay:
+            time.sleep(_FakeChat.delay)
         if _FakeChat.fail:
             self.send_response(503)
             self.end_headers()
@@ -187,6 +191,7 @@ class _FakeChat(BaseHTTPRequestHandler):
 def fake_llm():
     _FakeChat.calls = []
     _FakeChat.fail = False
+    _FakeChat.delay = 0.0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeChat)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -57,12 +57,13 @@ def test_results_and_embeddings_round_trip_in_the_lru_and_an_off_cache_keeps_not
     async def scenario(lru_size: int):
         cache = Cache(ServiceMetrics(), lru_size=lru_size)
         await cache.put_result("k", {"results": [{"id": 1, "score": 0.5}], "cache": "miss"})
-        await cache.put_embeddings("m", ["a dog"], np.ones((1, 3), np.float32))
-        return cache.backend, await cache.get_result("k"), await cache.get_embeddings("m", ["A  dog", "a cat"])
+        # embeddings are keyed by their token ids' fingerprint (tests/core/test_tokenizer.py: which texts share one)
+        await cache.put_embeddings("m", ["fingerprint-of-a-dog"], np.ones((1, 3), np.float32))
+        return cache.backend, await cache.get_result("k"), await cache.get_embeddings("m", ["fingerprint-of-a-dog", "of-a-cat"])
 
     backend, result, (dog, cat) = asyncio.run(scenario(10))
     assert backend == "lru" and result == {"results": [{"id": 1, "score": 0.5}], "cache": "miss"}
-    assert dog is not None and dog.tolist() == [1.0, 1.0, 1.0] and cat is None  # case and spaces do not matter
+    assert dog is not None and dog.tolist() == [1.0, 1.0, 1.0] and cat is None
     assert asyncio.run(scenario(0)) == ("off", None, [None, None])
 
 
