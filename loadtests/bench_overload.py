@@ -7,8 +7,8 @@ One run, on the embedded default (the demo gallery, plain searches of captions n
    answers) to a server with ``PARASEEK_MAX_IN_FLIGHT`` = the concurrency: the accepted requests'
    p50/p99 and rate, how fast the refused ones get their 503, any other status, and the server's RSS
    (before, peak, after);
-3. the same overload against a server that sheds nothing (``PARASEEK_MAX_IN_FLIGHT`` 100000), as a
-   side-by-side reference.
+3. the same overload against a server without the in-flight limit (``PARASEEK_MAX_IN_FLIGHT`` 100000;
+   only its batchers' queue bound refuses anything), as a side-by-side reference.
 
 Targets (exit 1 when missed): with shedding, accepted p99 <= 1.5 x the capacity p99, 503s answered
 with p99 <= 50 ms, no status but 200 and 503, and peak RSS <= 1.1 x RSS before the overload.
@@ -29,8 +29,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from core.settings import Settings
 from loadtests.bench_service import drive, start_paraseek
 from loadtests.queries import caption_groups
+from training.embedded import ensure_embedded_default
 
 
 def rss_mb(pid: int) -> float:
@@ -110,13 +112,14 @@ def main(argv=None) -> int:
     parser.add_argument("--home", type=Path, default=None, help="PARASEEK_HOME (default: a temporary folder)")
     args = parser.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-overload-"))
+    ensure_embedded_default(Settings(home=home))  # built here, so that both servers start as a warm install does
     captions = [c for group in caption_groups() for c in group]  # the demo gallery's captions
 
     def body(i: int) -> dict:  # a caption and a number: never sent before, so never a cache hit
         return {"query": f"{captions[i % len(captions)]} {i:08d}", "k": 10, "expansion": {"method": "none"}}
 
     rows = {}
-    for name, limit in (("shedding", args.concurrency), ("no shedding", 100_000)):
+    for name, limit in (("shedding", args.concurrency), ("no limit", 100_000)):
         proc, url = start_paraseek(home, PARASEEK_MAX_IN_FLIGHT=limit)
         try:
             if name == "shedding":
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
         f"statuses other than 200/503: {s['other'] or 'none'}": not s["other"],
         f"peak RSS / RSS before = {s['rss_peak'] / s['rss_before']:.3f} (<= 1.10)": s["rss_peak"] <= 1.10 * s["rss_before"],
         f"accepted rate / capacity = {s['ok_rate'] / capacity['qps']:.2f}": True,
-        f"no shedding: p99 {rows['no shedding']['p99'] / capacity['p99']:.1f}x the capacity p99": True,
+        f"without the in-flight limit: accepted p99 {rows['no limit']['p99'] / capacity['p99']:.1f}x the capacity p99": True,
     }
     for text, ok in checks.items():
         print(("met     " if ok else "MISSED  ") + text)
