@@ -337,10 +337,15 @@ def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_pat
 
 
 def test_requests_in_flight_are_counted_until_they_end_or_fail():
+    from core.settings import Settings
+    from service.batcher import Overloaded
     from service.engine import counted
+    from service.prometheus import ServiceMetrics
 
     class Engine:
         in_flight = 0
+        settings = Settings(max_in_flight=1)
+        metrics = ServiceMetrics()
 
         @counted
         async def answer(self):
@@ -355,3 +360,7 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
     with pytest.raises(ValueError):
         asyncio.run(engine.fail())
     assert engine.in_flight == 0
+    engine.in_flight = 1  # the one allowed is taken: the next is refused before it runs
+    with pytest.raises(Overloaded, match="1 requests are being answered"):
+        asyncio.run(engine.answer())
+    assert engine.in_flight == 1
