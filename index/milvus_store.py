@@ -35,7 +35,7 @@ from cachetools import LRUCache
 
 from core.errors import UserError
 from index.faiss_index import IndexSpec
-from index.filters import SearchFilter, caption_text, licence_id, milvus_expression
+from index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
 from index.snapshot import SnapshotError, SnapshotManifest, check_image_space, pid_alive
 from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
 
@@ -50,7 +50,10 @@ METADATA_CACHE = 100_000  # metadata rows kept per loaded version (rows of a ver
 FILTER_CACHE = 256
 CONNECT_ATTEMPTS = 3
 TRANSIENT = ("too many pings", "goaway", "unavailable", "fail connecting", "connection reset")
-VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# a Milvus server answers reads at "Bounded" staleness unless asked: a version written a moment ago
+# would be missing from its manifests and counts (Milvus Lite is strongly consistent anyway)
+STRONG = {"consistency_level": "Strong"}
+VERSION_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # what may stand in a filter expression
 
 
 def _pymilvus():
@@ -158,11 +161,11 @@ class MilvusStore(SnapshotStore):
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2)  # Milvus requires a vector field
         index = self.client.prepare_index_params()
         index.add_index(field_name="vector", index_type="FLAT", metric_type="L2")
-        self.client.create_collection(self.manifests, schema=schema, index_params=index)
+        self.client.create_collection(self.manifests, schema=schema, index_params=index, **STRONG)
 
     def _rows(self, state: str | None = None) -> list[dict]:
         expr = f'state == "{state}"' if state else 'version != ""'
-        return self.client.query(self.manifests, filter=expr, output_fields=["version", "state", "manifest"])
+        return self.client.query(self.manifests, filter=expr, output_fields=["version", "state", "manifest"], **STRONG)
 
     def _put(self, version: str, state: str, body: str) -> None:
         if len(body.encode("utf-8")) > VARCHAR_MAX:
@@ -194,12 +197,12 @@ class MilvusStore(SnapshotStore):
 
     def manifest(self, version: str | None = None) -> SnapshotManifest:
         version = version or self.current_version()
-        if version is not None and not VERSION_NAME.match(version):
+        if version is not None and not VERSION_TEXT.match(version):
             raise SnapshotError(f"{version!r} is not a snapshot version name (like v0001-20261122T080000Z)")
         if version is None:
             raise SnapshotError(f"{self.describe()}: no published version (build one with `paraseek index build --backend milvus`)")
         rows = self.client.query(self.manifests, filter=f'version == "{version}" and state == "published"',
-                                 output_fields=["manifest"])
+                                 output_fields=["manifest"], **STRONG)
         if not rows:
             raise SnapshotError(f"{self.describe()}: no published version {version!r}")
         return SnapshotManifest.model_validate_json(rows[0]["manifest"])
@@ -230,7 +233,7 @@ class MilvusStore(SnapshotStore):
         return MilvusSnapshot(self, manifest)
 
     def _count(self, name: str) -> int:
-        return int(self.client.query(name, filter="", output_fields=["count(*)"])[0]["count(*)"])
+        return int(self.client.query(name, filter="", output_fields=["count(*)"], **STRONG)[0]["count(*)"])
 
     def prune(self, keep: int) -> list[str]:
         versions = self.versions()
@@ -283,7 +286,7 @@ class MilvusStore(SnapshotStore):
 
     def abort_version(self, version: str) -> None:
         try:
-            rows = self.client.query(self.manifests, filter=f'version == "{version}"', output_fields=["state"])
+            rows = self.client.query(self.manifests, filter=f'version == "{version}"', output_fields=["state"], **STRONG)
             if rows and rows[0]["state"] == "building":
                 self._drop(version)
         except self.errors as exc:
@@ -320,7 +323,7 @@ class MilvusStore(SnapshotStore):
         name = self.collection(draft.version)
         metadata = draft.metadata if len(draft.metadata) == count else [{"id": int(i)} for i in draft.ids]
         try:
-            if not self.client.query(self.manifests, filter=f'version == "{draft.version}"', output_fields=["state"]):
+            if not self.client.query(self.manifests, filter=f'version == "{draft.version}"', output_fields=["state"], **STRONG):
                 self._put(draft.version, "building", _owner())  # not begun with begin_version
             self._create(name, dim, kind, build)
             self._insert(name, draft.ids, draft.vectors, metadata)
@@ -409,6 +412,11 @@ class MilvusSnapshot(SearchableSnapshot):
             return fn(*args, **kwargs)
         except self.store.errors as first:
             message = str(first).lower()
+            if "unsupported pattern" in message and "like" in message:
+                # a request the server cannot run is the request's problem, not an outage
+                raise FilterError("filter.caption_contains", "this Milvus server matches text only at the start of a "
+                                  "caption (LIKE 'abc%'); matching inside captions needs Milvus 2.4 or newer, "
+                                  "or the faiss backend") from first
             try:
                 if "not loaded" in message or "released" in message or "load()" in message:
                     self.store.client.load_collection(self.collection)

@@ -18,6 +18,7 @@ from core import __version__
 from core.cpu_threads import limit_pthread_blas
 from core.settings import Settings
 from core.tokenizer import EmptyTextError
+from index.filters import FilterError
 from index.store import IndexUnavailable
 from service.batcher import Overloaded
 from service.engine import RequestError, SearchEngine
@@ -165,6 +166,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           "index_unavailable")
         response.headers["Retry-After"] = "5"
         return response
+
+    @app.exception_handler(FilterError)
+    async def filter_error(_: Request, exc: FilterError):
+        # a filter the index refuses only when it runs (a Milvus server without infix LIKE)
+        return _error(422, ["body", *exc.field.split(".")], str(exc), "filter_error")
 
     @app.exception_handler(Overloaded)
     async def overloaded(_: Request, exc: Overloaded):

@@ -195,3 +195,63 @@ def milvus_server(tmp_path):
     yield server
     stop()
     shutil.rmtree(data, ignore_errors=True)
+
+
+MILVUS_PORT_FLAGS = ("--proxy-port", "--etcd-port", "--root-coord-port", "--proxy-internal-port", "--query-coord-port",
+                     "--query-node-port", "--index-coord-port", "--index-node-port", "--data-coord-port", "--data-node-port")
+
+
+@pytest.fixture(scope="module")
+def milvus_standalone(tmp_path_factory):
+    """A real Milvus 2.3.5 standalone server (the `milvus` package's binary: its own etcd, coordinators,
+    query, index and data nodes, local storage) on free ports, one per test module that asks; stopped
+    with SIGTERM to its whole process group (the wrapper and its `milvus run standalone`)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from core.net import free_port, wait_listening
+
+    exe = Path(sys.executable).parent / "milvus-server"
+    if not exe.is_file():
+        pytest.skip("the milvus package (a Milvus 2.3.5 standalone server, Linux x86_64 only) is not installed")
+    data = tmp_path_factory.mktemp("milvus-standalone")
+    ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
+    log = open(data / "server.log", "ab")
+    proc = subprocess.Popen([str(exe), "--data", str(data / "data"), *[str(x) for kv in ports.items() for x in kv]],
+                            stdout=log, stderr=log)
+    try:
+        if not wait_listening(ports["--proxy-port"], 180, process=proc):
+            pytest.fail(f"Milvus standalone did not start: {(data / 'server.log').read_text()[-3000:]}")
+        yield {"uri": f"http://127.0.0.1:{ports['--proxy-port']}", "data": data}
+    finally:
+        # the wrapper starts `milvus run standalone` in a session of its own: both are stopped
+        server = str(data / "data" / "bin" / "milvus")
+        pids = [proc.pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(server)]
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() and _running(pid) for pid in pids):
+                proc.poll()
+                time.sleep(0.2)
+        proc.wait(10)
+        log.close()
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"  # a zombie has exited
+    except (OSError, IndexError):
+        return False
