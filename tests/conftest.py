@@ -18,6 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 import json
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -199,36 +200,47 @@ def milvus_server(tmp_path):
 
 MILVUS_PORT_FLAGS = ("--proxy-port", "--etcd-port", "--root-coord-port", "--proxy-internal-port", "--query-coord-port",
                      "--query-node-port", "--index-coord-port", "--index-node-port", "--data-coord-port", "--data-node-port")
+# each component registers, and is called, at "the first unicastable address" unless told: loopback only
+MILVUS_LOOPBACK = [arg for component in ("rootCoord", "proxy", "queryCoord", "queryNode", "indexNode", "dataCoord", "dataNode")
+                   for arg in ("--extra-config", f"{component}.ip=127.0.0.1")]
 
 
-@pytest.fixture(scope="module")
-def milvus_standalone(tmp_path_factory):
+class MilvusStandalone:
     """A real Milvus 2.3.5 standalone server (the `milvus` package's binary: its own etcd, coordinators,
-    query, index and data nodes, local storage) on free ports, one per test module that asks; stopped
-    with SIGTERM to its whole process group (the wrapper and its `milvus run standalone`)."""
-    import signal
-    import subprocess
-    import sys
-    import time
+    query, index and data nodes, local storage) on free ports; ``stop()`` and ``start()`` again keep its
+    ports and data, as a restart does."""
 
-    from core.net import free_port, wait_listening
+    def __init__(self, exe: Path, data: Path):
+        from core.net import free_port
 
-    exe = Path(sys.executable).parent / "milvus-server"
-    if not exe.is_file():
-        pytest.skip("the milvus package (a Milvus 2.3.5 standalone server, Linux x86_64 only) is not installed")
-    data = tmp_path_factory.mktemp("milvus-standalone")
-    ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
-    log = open(data / "server.log", "ab")
-    proc = subprocess.Popen([str(exe), "--data", str(data / "data"), *[str(x) for kv in ports.items() for x in kv]],
-                            stdout=log, stderr=log)
-    try:
-        if not wait_listening(ports["--proxy-port"], 180, process=proc):
-            pytest.fail(f"Milvus standalone did not start: {(data / 'server.log').read_text()[-3000:]}")
-        yield {"uri": f"http://127.0.0.1:{ports['--proxy-port']}", "data": data}
-    finally:
-        # the wrapper starts `milvus run standalone` in a session of its own: both are stopped
-        server = str(data / "data" / "bin" / "milvus")
-        pids = [proc.pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(server)]
+        self.exe, self.data = exe, data
+        self.ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
+        self.uri = f"http://127.0.0.1:{self.ports['--proxy-port']}"
+        self.proc = None
+
+    def start(self) -> None:
+        import subprocess
+
+        from core.net import wait_listening
+
+        log = open(self.data / "server.log", "ab")
+        self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),
+                                      *[str(x) for kv in self.ports.items() for x in kv], *MILVUS_LOOPBACK],
+                                     stdout=log, stderr=log)
+        log.close()
+        if not wait_listening(self.ports["--proxy-port"], 180, process=self.proc):
+            self.stop()
+            pytest.fail(f"Milvus standalone did not start: {(self.data / 'server.log').read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM to the wrapper and to the `milvus run standalone` it starts in a session of its own
+        (SIGKILL after 10 s)."""
+        import signal
+
+        if self.proc is None:
+            return
+        server = str(self.data / "data" / "bin" / "milvus")
+        pids = [self.proc.pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(server)]
         for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
             for pid in pids:
                 try:
@@ -236,11 +248,27 @@ def milvus_standalone(tmp_path_factory):
                 except ProcessLookupError:
                     pass
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() and _running(pid) for pid in pids):
-                proc.poll()
+            while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+                self.proc.poll()
                 time.sleep(0.2)
-        proc.wait(10)
-        log.close()
+        self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def milvus_standalone(tmp_path_factory):
+    """A real Milvus standalone server for the test module that asks (see ``MilvusStandalone``)."""
+    import sys
+
+    exe = Path(sys.executable).parent / "milvus-server"
+    if not exe.is_file():
+        pytest.skip("the milvus package (a Milvus 2.3.5 standalone server, Linux x86_64 only) is not installed")
+    server = MilvusStandalone(exe, tmp_path_factory.mktemp("milvus-standalone"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _cmdline(proc_dir: Path) -> str:

@@ -30,7 +30,7 @@ def demo_snapshot(starter_encoder, tmp_path_factory):
 
 def test_cli_build_into_a_real_server_publishes_and_searches(milvus_standalone, starter_bundle, shared_data):
     """The reported failure: 'no published version' right after embedding, from reads at bounded staleness."""
-    uri = milvus_standalone["uri"]
+    uri = milvus_standalone.uri
     built = CliRunner().invoke(app, ["index", "build", str(COCO_VAL_JSON), "--bundle", str(starter_bundle),
                                      "--backend", "milvus", "--uri", uri, "--collection", "val"])
     assert built.exit_code == 0, built.output
@@ -43,7 +43,7 @@ def test_cli_build_into_a_real_server_publishes_and_searches(milvus_standalone, 
 
 def test_search_and_filters_match_faiss_exactly(milvus_standalone, demo_snapshot, starter_encoder):
     faiss_snap = Snapshot.load(demo_snapshot)
-    store = MilvusStore(milvus_standalone["uri"], prefix="demo")
+    store = MilvusStore(milvus_standalone.uri, prefix="demo")
     copy_snapshot(faiss_snap, store)
     snap = store.load(image_space=faiss_snap.manifest.image_space)
     assert len(snap) == len(faiss_snap) == 76
@@ -62,7 +62,7 @@ def test_search_and_filters_match_faiss_exactly(milvus_standalone, demo_snapshot
 
 
 def test_a_new_version_moves_the_alias_and_the_old_one_stays_loadable(milvus_standalone):
-    store = MilvusStore(milvus_standalone["uri"], prefix="alias")
+    store = MilvusStore(milvus_standalone.uri, prefix="alias")
     vectors, ids, rows = synthetic(n=500)
     _, first = publish(store, vectors, ids, rows, IndexSpec(type="flat"))
     _, second = publish(store, vectors[:300], ids[:300], rows[:300], IndexSpec(type="hnsw"))
@@ -79,13 +79,71 @@ def test_the_service_serves_from_a_real_server(milvus_standalone, starter_bundle
     from core.settings import Settings
     from service.main import create_app
 
-    store = MilvusStore(milvus_standalone["uri"], prefix="served")
+    store = MilvusStore(milvus_standalone.uri, prefix="served")
     copy_snapshot(Snapshot.load(demo_snapshot), store)
     settings = Settings(bundle=starter_bundle, snapshot=demo_snapshot, home=tmp_path, log_json=False, index_backend="milvus",
-                        milvus_uri=milvus_standalone["uri"], milvus_collection="served")
+                        milvus_uri=milvus_standalone.uri, milvus_collection="served")
     with TestClient(create_app(settings)) as c:
         r = c.post("/v1/search", json={"query": "a dog on a beach", "k": 5, "filter": {"licence": [4, 5]}})
         assert r.status_code == 200, r.text
         assert len(r.json()["results"]) == 5 and r.json()["snapshot_version"] == store.current_version()
         refused = c.post("/v1/search", json={"query": "a dog", "k": 5, "filter": {"caption_contains": "dog"}})
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "filter", "caption_contains"]
+
+
+def test_two_replicas_follow_one_engine_through_a_reindex(milvus_standalone, starter_bundle, demo_snapshot,
+                                                                         shared_data, tmp_path):
+    """Two `paraseek serve` processes on one real server, both under load: a reindex on A publishes and
+    moves the alias, B follows within its poll interval, and no query fails on either."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    from loadtests.server import start_server
+
+    copy_snapshot(Snapshot.load(demo_snapshot), MilvusStore(milvus_standalone.uri, prefix="replicas"))
+    env = {"PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_INDEX_BACKEND": "milvus", "PARASEEK_MILVUS_URI": milvus_standalone.uri,
+           "PARASEEK_MILVUS_COLLECTION": "replicas", "PARASEEK_SNAPSHOT_POLL_S": "1", "PARASEEK_ADMIN_TOKEN": "t",
+           "PARASEEK_REINDEX_ROOT": str(shared_data), "PARASEEK_LOG_JSON": "false", "PARASEEK_MILVUS_TIMEOUT_S": "3",
+           "NLTK_DATA": str(shared_data / "nltk_data")}
+    servers = [start_server({**env, "PARASEEK_HOME": str(tmp_path / name)}, log=tmp_path / f"{name}.log") for name in ("a", "b")]
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load():
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                for _, url in servers:
+                    r = client.post(f"{url}/v1/search", json={"query": "a dog on a beach", "k": 5, "expansion": {"method": "none"}})
+                    statuses.append(r.status_code)
+                time.sleep(0.02)
+
+    def version(url: str) -> str:
+        return httpx.get(f"{url}/v1/info", timeout=10).json()["snapshot"]["version"]
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        (_, a), (_, b) = servers
+        before = version(b)
+        job = httpx.post(f"{a}/v1/admin/reindex", headers={"Authorization": "Bearer t"}, timeout=30,
+                         json={"source": str(shared_data / "coco-mini/captions_val2017.json")}).json()
+        deadline = time.monotonic() + 180
+        state = job
+        while state["state"] not in ("succeeded", "failed") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = httpx.get(f"{a}/v1/admin/jobs/{job['id']}", headers={"Authorization": "Bearer t"}).json()
+        assert state["state"] == "succeeded", state
+        published = time.monotonic()
+        while version(b) == before and time.monotonic() < published + 10:
+            time.sleep(0.2)
+        assert version(a) == version(b) == state["snapshot_version"]  # B followed within its poll interval
+        assert len(statuses) > 20 and set(statuses) == {200}, sorted(set(statuses))  # no query failed
+    finally:
+        stop.set()
+        loader.join(60)
+        for proc, _ in servers:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
