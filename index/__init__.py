@@ -6,8 +6,10 @@ Runs on onnxruntime, faiss and numpy (no torch); pymilvus only when the Milvus b
 service uses ``store_from_settings(...).load(...)`` and the loaded version's ``search_ids``/``filtered``.
 """
 
+from index.backends import store_from_settings
 from index.faiss_index import IndexSpec
-from index.snapshot import Snapshot, SnapshotError
-from index.store import SearchableSnapshot, SnapshotStore, store_from_settings
+from index.snapshot import Snapshot
+from index.store import SearchableSnapshot, SnapshotStore
+from index.versions import SnapshotError
 
 __all__ = ["IndexSpec", "SearchableSnapshot", "Snapshot", "SnapshotError", "SnapshotStore", "store_from_settings"]

@@ -10,7 +10,6 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -19,38 +18,19 @@ import numpy as np
 from tqdm import tqdm
 
 from core.encoder import Encoder
-from core.errors import UserError
 from core.images import ImageDecodeError, decode_image
-from core.rank_metrics import overlap_recall
 from index.faiss_index import (
-    ExactVectors,
     IndexSpec,
-    apply_search_params,
     create_index,
-    exact_search,
-    search,
-    train_and_add,
-    tune_setting,
 )
-from index.filters import user_field_names
 from index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
-from index.snapshot import (
-    BundleRef,
-    FaissStore,
-    Snapshot,
-    SnapshotError,
-    SnapshotManifest,
-    publish,
-)
+from index.recall import RECALL_QUERIES, measure_recall
+from index.snapshot import FaissStore, Snapshot, publish
 from index.store import SearchableSnapshot, SnapshotStore
 from index.vector_sources import VectorSource, iter_shards, open_vector_source
+from index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
 
 log = logging.getLogger(__name__)
-RECALL_QUERIES = 1000
-
-
-class BuildError(UserError):
-    """Nothing could be indexed."""
 
 
 @dataclass
@@ -139,47 +119,6 @@ def _metadata(records: Iterable[ImageRecord], sizes: Iterable[dict]) -> list[dic
     return rows
 
 
-def measure_recall(index, spec: IndexSpec, vectors, ids, queries, k: int = 10, target_recall: float | None = None,
-                   query_source: str = "") -> tuple[IndexSpec, float | None, int, dict | None]:
-    """``measure_recall_with`` a FAISS index (through its refine stage); the index is left set to the
-    chosen search setting."""
-    exact = ExactVectors(vectors, ids)
-
-    def run(candidate: IndexSpec, q: np.ndarray, kk: int) -> np.ndarray:
-        apply_search_params(index, candidate)
-        return search(index, candidate, q, kk, exact)[1]
-
-    return measure_recall_with(run, spec, vectors, ids, queries, k, target_recall, query_source)
-
-
-def measure_recall_with(run, spec: IndexSpec, vectors, ids, queries, k: int = 10, target_recall: float | None = None,
-                        query_source: str = "", exact: bool | None = None) -> tuple[IndexSpec, float | None, int, dict | None]:
-    """Recall@k of an approximate index against exact search -> (spec, recall, queries, tuning), any
-    backend: ``run(spec, queries, k)`` searches with a setting and returns the ids.
-
-    With ``target_recall`` the queries are split: the first half tunes the search setting
-    (``tune_setting``: nprobe, efSearch, refine factor), the held-out half measures the recall
-    recorded in the manifest, so the number is not the one the tuning optimised. ``exact`` overrides
-    whether the index is exact (default: the spec says)."""
-    if (spec.exact if exact is None else exact) or len(ids) == 0:
-        return spec, None, 0, None
-    queries = np.ascontiguousarray(queries[:RECALL_QUERIES], np.float32)
-    truth = exact_search(vectors, ids, queries, k)
-    tuning = None
-    if target_recall is not None:
-        if len(queries) < 4:
-            raise BuildError(f"--target-recall needs at least 4 queries to tune and check on, there are {len(queries)}")
-        half = len(queries) // 2
-        spec, tuned_recall, ms = tune_setting(run, spec, queries[:half], truth[:half], target_recall, k)
-        tuning = {"target_recall": target_recall, "reached": tuned_recall >= target_recall,
-                  "recall_at_10_on_tuning_queries": round(tuned_recall, 4), "tuning_queries": half,
-                  "ms_per_query_at_tuning": round(ms, 4), "queries": query_source,
-                  "setting": {"nprobe": spec.nprobe, "ef_search": spec.ef_search, "refine_factor": spec.refine_factor}}
-        queries, truth = queries[half:], truth[half:]
-    got = run(spec, queries, truth.shape[1])
-    return spec, overlap_recall(got, truth), len(queries), tuning
-
-
 def _recall_queries(encoder: Encoder, metadata: list[dict], vectors: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
     """Text queries where the source has captions (one per image): text queries sit away from the
     image vectors, so they, not image vectors, show the recall users get. Else a sample of the vectors."""
@@ -224,36 +163,8 @@ class ImagePathPolicy:
         return False
 
 
-@dataclass
-class VersionDraft:
-    """Everything a new snapshot version is made of, before its index is built and it is published."""
-
-    version: str
-    vectors: np.ndarray
-    ids: np.ndarray
-    metadata: list[dict]
-    provenance: dict  # the manifest's ``source``: which image source was indexed
-    report: dict
-    parent: str | None = None
-
-    def manifest(self, ref: BundleRef, spec: IndexSpec, recall: float | None, n_queries: int, tuning: dict | None,
-                 backend: str, location: dict | None = None, user_fields: list[str] | None = None) -> SnapshotManifest:
-        return SnapshotManifest(
-            version=self.version, created_at=datetime.now(timezone.utc).isoformat(), parent=self.parent,
-            bundle=ref, image_space=ref.image_space, count=len(self.ids), dim=int(self.vectors.shape[1]), index=spec,
-            recall_at_10=recall, recall_queries=n_queries, tuning=tuning, source=self.provenance, backend=backend,
-            location=location or {},
-            user_fields=sorted(user_field_names(self.metadata)) if user_fields is None else user_fields,
-        )
-
-
 def bundle_ref(encoder: Encoder) -> BundleRef:
     return BundleRef(name=encoder.name, version=encoder.version, image_space=encoder.image_space)
-
-
-def build_faiss_index(spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray) -> tuple[IndexSpec, faiss.Index]:
-    spec = spec.resolved(len(ids), vectors.shape[1])
-    return spec, train_and_add(create_index(spec, vectors.shape[1]), vectors, ids)
 
 
 def as_store(out: str | Path | SnapshotStore) -> SnapshotStore:

@@ -16,11 +16,12 @@ from core.cli_support import console, err, user_errors
 from core.encoder import Encoder
 from core.errors import UserError
 from core.settings import Settings
+from index.backends import store_from_settings
 from index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
 from index.faiss_index import IndexSpec
 from index.filters import SearchFilter
 from index.snapshot import Snapshot, read_snapshot_manifest, resolve
-from index.store import SearchHit, SnapshotStore, store_from_settings
+from index.store import SearchHit, SnapshotStore
 
 app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
 

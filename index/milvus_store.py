@@ -36,8 +36,10 @@ from cachetools import LRUCache
 from core.errors import UserError
 from index.faiss_index import IndexSpec
 from index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
-from index.snapshot import SnapshotError, SnapshotManifest, check_image_space, pid_alive
+from index.recall import measure_recall_with
+from index.snapshot import check_image_space, pid_alive
 from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
+from index.versions import SnapshotError, SnapshotManifest
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +358,6 @@ class MilvusStore(SnapshotStore):
         """Recall@10 of the collection's index against exact search, as the FAISS builder measures it
         (with ``target_recall``, nprobe / ef tuned on half the queries). A native index type or search
         params set by the settings are measured as they are, not tuned."""
-        from index.builder import measure_recall_with  # the builder imports the store interface
 
         tunable = not self.index_type and not self.search_params  # else the settings fix the search
 

@@ -22,19 +22,16 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
 
 import faiss
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from core.errors import UserError
 from core.integrity import checksums, verify_checksums
 from index.faiss_index import (
     BLAS_MIN_QUERIES,
     SPLIT_SCAN_MIN_ROWS,
     ExactVectors,
-    IndexSpec,
     apply_search_params,
     flat_rows,
     masked_exact_search,
@@ -46,51 +43,15 @@ from index.faiss_index import (
     to_search_device,
 )
 from index.filters import FilterColumns, SearchFilter, user_field_names
+from index.recall import build_faiss_index, measure_recall
 from index.store import SearchableSnapshot, SnapshotStore, next_version_name
+from index.versions import SnapshotError, SnapshotManifest
 
 CURRENT = "current"
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
 WRITER_LOCK = ".lock"  # see writer_lock
 FILES = ("index.faiss", "ids.npy", "vectors.npy", "metadata.jsonl", "report.json")
-FORMAT_VERSION = 1
-
-
-class SnapshotError(UserError):
-    """A snapshot is missing, altered, or does not fit the bundle it is used with."""
-
-
-class BundleRef(BaseModel):
-    name: str
-    version: str
-    image_space: str
-
-
-class SnapshotManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    format_version: int = FORMAT_VERSION
-    version: str
-    created_at: str
-    parent: str | None = None
-    bundle: BundleRef
-    image_space: str
-    count: int
-    dim: int
-    index: IndexSpec
-    recall_at_10: float | None = Field(None, description="vs exact search; None for exact indexes")
-    recall_queries: int = 0
-    tuning: dict | None = Field(None, description="--target-recall: the target, the setting chosen on tuning queries, "
-                                "its speed, and where the queries came from; recall_at_10 is then measured on held-out ones")
-    # provenance: which image source was indexed (kind, root, annotations)
-    source: dict = Field(default_factory=dict)
-    files: dict[str, str] = Field(default_factory=dict)
-    backend: Literal["faiss", "milvus"] = "faiss"
-    # where the version's index lives in its backend (milvus: the collection and its native index)
-    location: dict = Field(default_factory=dict)
-    user_fields: list[str] = Field(default_factory=list, description="names of the user metadata fields a filter can test")
-
-
 def new_version_name(root: Path) -> str:
     """The next version name of a snapshot root, counting the versions being written (staging
     folders) as taken. Call it holding ``writer_lock``, and create the staging folder before letting go."""
@@ -494,8 +455,6 @@ class FaissStore(SnapshotStore):
         shutil.rmtree(self.root / VERSIONS / f"{STAGING_PREFIX}{version}", ignore_errors=True)
 
     def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
-        from index.builder import build_faiss_index, measure_recall  # the builder imports this module
-
         stage = self.staging(draft.version)
         if not stage.is_dir():  # not begun with begin_version
             stage = staging_dir(self.root, draft.version)

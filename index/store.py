@@ -15,7 +15,6 @@ loaded version (``SearchableSnapshot``) checks the bundle's image space, and sea
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from abc import ABC, abstractmethod
@@ -27,17 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from core.errors import Unavailable, UserError
+from core.errors import Unavailable
 from index.image_sources import resolve_within
 
 if TYPE_CHECKING:
-    from core.settings import Settings
-    from index.builder import VersionDraft
     from index.faiss_index import IndexSpec
     from index.filters import SearchFilter
-    from index.snapshot import BundleRef, SnapshotManifest
-
-BACKENDS = ("faiss", "milvus")
+    from index.versions import BundleRef, SnapshotManifest, VersionDraft
 
 # v0001-20261122T080000Z-3f9a: a number and a UTC time (sortable), and a random suffix (versions
 # named before the suffix have none) so that two writers naming a version in the same second differ
@@ -237,34 +232,3 @@ class SnapshotStore(ABC):
     def close(self) -> None:
         """Release connections (the FAISS store holds none)."""
         return None
-
-
-def store_from_settings(settings: Settings, root: str | Path | None = None) -> SnapshotStore:
-    """The store the settings name: PARASEEK_INDEX_BACKEND=faiss with PARASEEK_SNAPSHOT (or ``root``), or
-    milvus with PARASEEK_MILVUS_URI, _TOKEN, _COLLECTION, _INDEX_TYPE, _INDEX_PARAMS, _SEARCH_PARAMS."""
-    if settings.index_backend == "faiss":
-        from index.snapshot import FaissStore
-
-        return FaissStore(Path(root or settings.snapshot_root))
-    if settings.index_backend == "milvus":
-        from index.milvus_store import MilvusStore  # pymilvus is imported only when Milvus is used
-
-        return MilvusStore(settings.milvus_location,
-                           token=settings.milvus_token.get_secret_value() if settings.milvus_token else None,
-                           prefix=settings.milvus_collection, index_type=settings.milvus_index_type,
-                           index_params=_json_setting(settings.milvus_index_params, "PARASEEK_MILVUS_INDEX_PARAMS"),
-                           search_params=_json_setting(settings.milvus_search_params, "PARASEEK_MILVUS_SEARCH_PARAMS"),
-                           timeout_s=settings.milvus_timeout_s)
-    raise UserError(f"unknown index backend {settings.index_backend!r}: use one of {', '.join(BACKENDS)}")
-
-
-def _json_setting(text: str | None, name: str) -> dict | None:
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{name} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise UserError(f"{name} must be a JSON object")
-    return value

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from core.rank_metrics import overlap_recall
-from index.builder import VersionDraft
 from index.faiss_index import IndexSpec, exact_search, set_threads
 from index.filters import SearchFilter
-from index.snapshot import BundleRef, FaissStore
+from index.snapshot import FaissStore
 from index.store import SnapshotStore
+from index.versions import BundleRef, VersionDraft
 from loadtests.bench_index import DEFAULT_DATA, synthetic_collection, synthetic_queries
 
 REF = BundleRef(name="bench", version="1", image_space="clip-vit-b16/synthetic")

@@ -24,10 +24,11 @@ from core.memory import limit_malloc_arenas, release_free_memory
 from core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
 from core.rank_metrics import average_overlap, jaccard_at_k
 from core.settings import Settings
+from index.backends import store_from_settings
 from index.faiss_index import set_threads
 from index.filters import FilterError, SearchFilter
-from index.snapshot import SnapshotError
-from index.store import SearchableSnapshot, SearchView, SnapshotStore, store_from_settings
+from index.store import SearchableSnapshot, SearchView, SnapshotStore
+from index.versions import SnapshotError
 from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
 from paraphrase.factory import make_source

@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from core.memory import release_free_memory
+from index.backends import store_from_settings
 from index.builder import build_snapshot
 from index.faiss_index import IndexSpec
 from index.image_sources import open_source
-from index.store import store_from_settings
 from service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
 from service.schemas import Job, ReindexRequest
 

@@ -115,3 +115,40 @@ def test_serve_startup_imports_no_torch(tmp_path, starter_bundle, starter_bank):
     loaded = _imported_after(["paraseek.cli"], env=env, extra=extra)
     assert "torch" not in loaded
     assert (home / "snapshots" / "demo" / "current").is_file()
+
+
+def module_graph(layer: str) -> dict[str, set[str]]:
+    """module -> the modules of the same folder it imports (every import statement: function-local and
+    type-checking-only ones included, since a cycle hidden in a function is still a cycle)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        deps = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith(f"{layer}."))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith(f"{layer}."):
+                deps.add(node.module)
+        deps.discard(name)
+    return graph
+
+
+def module_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    import graphlib
+
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return None
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_no_module_imports_itself_around_a_circle(layer):
+    cycle = module_cycle(module_graph(layer))
+    assert cycle is None, f"modules of {layer}/ import each other in a circle: {' -> '.join(cycle or [])}"
+
+
+def test_cycle_checker_sees_a_circle_through_a_lazy_import():
+    assert module_cycle({"index.a": {"index.b"}, "index.b": {"index.c"}, "index.c": {"index.a"}}) is not None
+    assert module_cycle({"index.a": {"index.b"}, "index.b": set()}) is None

@@ -18,7 +18,7 @@ from core.settings import Settings
 from index.builder import copy_snapshot
 from index.demo import build_demo_snapshot
 from index.snapshot import Snapshot, current_version
-from index.store import store_from_settings
+from index.backends import store_from_settings
 from paraphrase.caption_bank import bank_dir, default_bank
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from index.builder import VersionDraft, copy_snapshot, update_snapshot
+from index.builder import copy_snapshot, update_snapshot
+from index.versions import VersionDraft
 from index.faiss_index import IndexSpec
 from index.filters import FilterError, SearchFilter, caption_text, licence_id
-from index.snapshot import BundleRef, FaissStore, SnapshotError
+from index.snapshot import FaissStore
+from index.versions import BundleRef, SnapshotError
 from index.store import SnapshotStore
 
 BOTH_BACKENDS = True
@@ -191,9 +193,8 @@ KILLED_BUILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {root!r})
     from index.milvus_store import MilvusStore
-    from index.builder import VersionDraft
     from index.faiss_index import IndexSpec
-    from index.snapshot import BundleRef
+    from index.versions import BundleRef, VersionDraft
     from index import milvus_store
     store = MilvusStore({uri!r}, prefix={prefix!r})
     original = milvus_store.MilvusStore._insert

@@ -6,9 +6,11 @@ import shutil
 import numpy as np
 import pytest
 
-from index.builder import BuildError, build_snapshot, update_snapshot
+from index.builder import build_snapshot, update_snapshot
+from index.versions import BuildError
 from index.faiss_index import IndexSpec
-from index.snapshot import Snapshot, SnapshotError, current_version
+from index.snapshot import Snapshot, current_version
+from index.versions import SnapshotError
 from index.image_sources import ImageSourceError, open_source
 from core.encoder import Encoder
 

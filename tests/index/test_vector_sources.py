@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from index.builder import BuildError, build_snapshot_from_vectors, export_snapshot_vectors
+from index.builder import build_snapshot_from_vectors, export_snapshot_vectors
+from index.versions import BuildError
 from index.faiss_index import IndexSpec
 from index.snapshot import Snapshot, current_version
 from index.vector_sources import VectorSourceError

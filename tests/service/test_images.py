@@ -14,7 +14,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from core.demo import GALLERY_DIR
-from index.builder import BuildError, build_snapshot, build_snapshot_from_vectors, update_snapshot
+from index.builder import build_snapshot, build_snapshot_from_vectors, update_snapshot
+from index.versions import BuildError
 from index.snapshot import FaissStore, Snapshot
 from paraseek.cli import app
 

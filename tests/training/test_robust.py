@@ -139,7 +139,7 @@ def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
     monkeypatch.setenv("PARASEEK_INDEX_BACKEND", "milvus")
     milvus = Settings()
     ensure_embedded_default(milvus, progress=False, with_bank=False)
-    from index.store import store_from_settings
+    from index.backends import store_from_settings
 
     store = store_from_settings(milvus)
     assert milvus.milvus_location == str(embedded_home / "milvus/paraseek.db")

@@ -1,0 +1,69 @@
+"""Recall of an approximate index against exact search, and tuning its search setting to a target:
+any backend (``measure_recall_with``), or a FAISS index (``measure_recall``). The builder and both
+stores measure every published version with these."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from core.rank_metrics import overlap_recall
+from index.faiss_index import (
+    ExactVectors,
+    IndexSpec,
+    apply_search_params,
+    create_index,
+    exact_search,
+    search,
+    train_and_add,
+    tune_setting,
+)
+from index.versions import BuildError
+
+RECALL_QUERIES = 1000
+
+
+def build_faiss_index(spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray) -> tuple[IndexSpec, faiss.Index]:
+    spec = spec.resolved(len(ids), vectors.shape[1])
+    return spec, train_and_add(create_index(spec, vectors.shape[1]), vectors, ids)
+
+
+def measure_recall(index, spec: IndexSpec, vectors, ids, queries, k: int = 10, target_recall: float | None = None,
+                   query_source: str = "") -> tuple[IndexSpec, float | None, int, dict | None]:
+    """``measure_recall_with`` a FAISS index (through its refine stage); the index is left set to the
+    chosen search setting."""
+    exact = ExactVectors(vectors, ids)
+
+    def run(candidate: IndexSpec, q: np.ndarray, kk: int) -> np.ndarray:
+        apply_search_params(index, candidate)
+        return search(index, candidate, q, kk, exact)[1]
+
+    return measure_recall_with(run, spec, vectors, ids, queries, k, target_recall, query_source)
+
+
+def measure_recall_with(run, spec: IndexSpec, vectors, ids, queries, k: int = 10, target_recall: float | None = None,
+                        query_source: str = "", exact: bool | None = None) -> tuple[IndexSpec, float | None, int, dict | None]:
+    """Recall@k of an approximate index against exact search -> (spec, recall, queries, tuning), any
+    backend: ``run(spec, queries, k)`` searches with a setting and returns the ids.
+
+    With ``target_recall`` the queries are split: the first half tunes the search setting
+    (``tune_setting``: nprobe, efSearch, refine factor), the held-out half measures the recall
+    recorded in the manifest, so the number is not the one the tuning optimised. ``exact`` overrides
+    whether the index is exact (default: the spec says)."""
+    if (spec.exact if exact is None else exact) or len(ids) == 0:
+        return spec, None, 0, None
+    queries = np.ascontiguousarray(queries[:RECALL_QUERIES], np.float32)
+    truth = exact_search(vectors, ids, queries, k)
+    tuning = None
+    if target_recall is not None:
+        if len(queries) < 4:
+            raise BuildError(f"--target-recall needs at least 4 queries to tune and check on, there are {len(queries)}")
+        half = len(queries) // 2
+        spec, tuned_recall, ms = tune_setting(run, spec, queries[:half], truth[:half], target_recall, k)
+        tuning = {"target_recall": target_recall, "reached": tuned_recall >= target_recall,
+                  "recall_at_10_on_tuning_queries": round(tuned_recall, 4), "tuning_queries": half,
+                  "ms_per_query_at_tuning": round(ms, 4), "queries": query_source,
+                  "setting": {"nprobe": spec.nprobe, "ef_search": spec.ef_search, "refine_factor": spec.refine_factor}}
+        queries, truth = queries[half:], truth[half:]
+    got = run(spec, queries, truth.shape[1])
+    return spec, overlap_recall(got, truth), len(queries), tuning

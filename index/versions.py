@@ -1,0 +1,79 @@
+"""What a snapshot version is, whichever backend holds it: its manifest, the draft a build publishes,
+and the errors of building and loading one. The builder, the stores and the service share these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.errors import UserError
+from index.faiss_index import IndexSpec
+from index.filters import user_field_names
+
+FORMAT_VERSION = 1
+
+
+class SnapshotError(UserError):
+    """A snapshot is missing, altered, or does not fit the bundle it is used with."""
+
+
+class BundleRef(BaseModel):
+    name: str
+    version: str
+    image_space: str
+
+
+class SnapshotManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    version: str
+    created_at: str
+    parent: str | None = None
+    bundle: BundleRef
+    image_space: str
+    count: int
+    dim: int
+    index: IndexSpec
+    recall_at_10: float | None = Field(None, description="vs exact search; None for exact indexes")
+    recall_queries: int = 0
+    tuning: dict | None = Field(None, description="--target-recall: the target, the setting chosen on tuning queries, "
+                                "its speed, and where the queries came from; recall_at_10 is then measured on held-out ones")
+    # provenance: which image source was indexed (kind, root, annotations)
+    source: dict = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+    backend: Literal["faiss", "milvus"] = "faiss"
+    # where the version's index lives in its backend (milvus: the collection and its native index)
+    location: dict = Field(default_factory=dict)
+    user_fields: list[str] = Field(default_factory=list, description="names of the user metadata fields a filter can test")
+
+
+class BuildError(UserError):
+    """Nothing could be indexed."""
+
+
+@dataclass
+class VersionDraft:
+    """Everything a new snapshot version is made of, before its index is built and it is published."""
+
+    version: str
+    vectors: np.ndarray
+    ids: np.ndarray
+    metadata: list[dict]
+    provenance: dict  # the manifest's ``source``: which image source was indexed
+    report: dict
+    parent: str | None = None
+
+    def manifest(self, ref: BundleRef, spec: IndexSpec, recall: float | None, n_queries: int, tuning: dict | None,
+                 backend: str, location: dict | None = None, user_fields: list[str] | None = None) -> SnapshotManifest:
+        return SnapshotManifest(
+            version=self.version, created_at=datetime.now(timezone.utc).isoformat(), parent=self.parent,
+            bundle=ref, image_space=ref.image_space, count=len(self.ids), dim=int(self.vectors.shape[1]), index=spec,
+            recall_at_10=recall, recall_queries=n_queries, tuning=tuning, source=self.provenance, backend=backend,
+            location=location or {},
+            user_fields=sorted(user_field_names(self.metadata)) if user_fields is None else user_fields,
+        )
