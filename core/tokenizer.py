@@ -99,8 +99,13 @@ class BundleTokenizer:
         """A digest of each text's token ids: two texts share one exactly when the model gets the same
         input, whatever this vocabulary's rules for case, spacing and special tokens (a cache key: "US"
         and "us" share one under an uncased vocabulary only)."""
+        return [fingerprint for fingerprint, _ in self.fingerprints_and_truncation(texts)]
+
+    def fingerprints_and_truncation(self, texts: Sequence[str]) -> list[tuple[str, bool]]:
+        """``fingerprints`` and whether each text was truncated, from one tokenisation (a cache hit then
+        needs no other)."""
         prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
-        return [hashlib.blake2b(np.asarray(e.ids, np.int32).tobytes(), digest_size=16).hexdigest()
+        return [(hashlib.blake2b(np.asarray(e.ids, np.int32).tobytes(), digest_size=16).hexdigest(), bool(e.overflowing))
                 for e in self._tok.encode_batch(prepared)]
 
     def is_truncated(self, texts: Sequence[str]) -> list[bool]:

@@ -189,7 +189,8 @@ class CachedTexts:
     unique: list[str]
     found: dict[str, np.ndarray]
     missing: list[str]
-    fingerprints: dict[str, str]  # text -> its cache key
+    fingerprints: dict[str, str]  # text -> its cache key (empty with the cache off)
+    truncation: dict[str, bool]  # text -> truncated, known from the same tokenisation
 
     @property
     def missing_fingerprints(self) -> list[str]:
@@ -202,9 +203,12 @@ class CachedTexts:
         if vectors is not None:
             for t, v, f in zip(self.missing, vectors, flags):
                 found[t], truncated[t] = v, f
+        # a cached vector does not say whether its text was truncated: the lookup's tokenisation did
         hits = [t for t in self.unique if t not in truncated]
-        if hits:  # a cached vector does not say whether its text was truncated: the tokenizer does
-            truncated.update(zip(hits, encoder.tokenizer.is_truncated(hits)))
+        unknown = [t for t in hits if t not in self.truncation]
+        truncated.update((t, self.truncation[t]) for t in hits if t in self.truncation)
+        if unknown:
+            truncated.update(zip(unknown, encoder.tokenizer.is_truncated(unknown)))
         return np.stack([found[t] for t in self.texts]), [truncated[t] for t in self.texts]
 
 
@@ -425,10 +429,12 @@ class SearchEngine:
 
     async def _cached_texts(self, active: Active, texts: list[str]) -> CachedTexts:
         unique = list(dict.fromkeys(texts))
-        fingerprints = dict(zip(unique, active.encoder.tokenizer.fingerprints(unique))) if self.cache.backend != "off" else {}
+        keyed = active.encoder.tokenizer.fingerprints_and_truncation(unique) if self.cache.backend != "off" else []
+        fingerprints = {t: f for t, (f, _) in zip(unique, keyed)}
         cached = await self.cache.get_embeddings(active.model_id, [fingerprints.get(t, "") for t in unique])
         found = {t: v for t, v in zip(unique, cached) if v is not None}
-        return CachedTexts(texts, unique, found, [t for t in unique if t not in found], fingerprints)
+        return CachedTexts(texts, unique, found, [t for t in unique if t not in found], fingerprints,
+                           {t: cut for t, (_, cut) in zip(unique, keyed)})
 
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""
