@@ -1,9 +1,9 @@
 """paraseek's ground floor: what every other layer shares and what serving needs without torch.
 
-bundle format (``core.bundle``), encoder runtime (``core.encoder``), tokenizer setup
-(``core.tokenizer``), file checksums (``core.integrity``), rank metrics (``core.rank_metrics``),
-the one settings object (``core.settings``), the user-error base class (``core.errors``) and the
-embedded demo gallery (``core.demo``). Needs numpy, onnxruntime, tokenizers, Pillow and pydantic.
+bundle format (``paraseek.core.bundle``), encoder runtime (``paraseek.core.encoder``), tokenizer setup
+(``paraseek.core.tokenizer``), file checksums (``paraseek.core.integrity``), rank metrics (``paraseek.core.rank_metrics``),
+the one settings object (``paraseek.core.settings``), the user-error base class (``paraseek.core.errors``) and the
+embedded demo gallery (``paraseek.core.demo``). Needs numpy, onnxruntime, tokenizers, Pillow and pydantic.
 """
 
 from importlib.metadata import PackageNotFoundError, version

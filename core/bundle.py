@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from core.errors import UserError
-from core.integrity import checksums, verify_checksums
+from paraseek.core.errors import UserError
+from paraseek.core.integrity import checksums, verify_checksums
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

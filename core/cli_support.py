@@ -7,7 +7,7 @@ import functools
 import typer
 from rich.console import Console
 
-from core.errors import EXIT_UNAVAILABLE, EXIT_USAGE, Unavailable, UserError
+from paraseek.core.errors import EXIT_UNAVAILABLE, EXIT_USAGE, Unavailable, UserError
 
 console = Console()
 err = Console(stderr=True)

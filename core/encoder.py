@@ -14,9 +14,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest, resolve_precision
-from core.cpu_threads import openmp_thread_share
-from core.tokenizer import BundleTokenizer, TokenBatch
+from paraseek.core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest, resolve_precision
+from paraseek.core.cpu_threads import openmp_thread_share
+from paraseek.core.tokenizer import BundleTokenizer, TokenBatch
 
 log = logging.getLogger(__name__)
 

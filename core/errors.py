@@ -3,7 +3,7 @@ and an outage of something the product depends on.
 
 The CLI prints either as one line: a ``UserError`` exits 2 (usage), an ``Unavailable`` exits 69
 (sysexits' EX_UNAVAILABLE: retry later, nothing to fix in the command). The service maps its own
-``UserError`` subclass (``service.engine.RequestError``) to a 4xx naming the field and an
+``UserError`` subclass (``paraseek.service.engine.RequestError``) to a 4xx naming the field and an
 ``Unavailable`` to 503 with Retry-After. Anything else is a bug and keeps its traceback.
 """
 

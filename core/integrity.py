@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

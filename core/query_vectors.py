@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.encoder import l2_normalize
+from paraseek.core.encoder import l2_normalize
 
 
 def mean_fusion(query: np.ndarray, expansions: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

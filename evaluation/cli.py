@@ -10,20 +10,20 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from core.cli_support import console, err, user_errors
-from core.encoder import Encoder
-from core.errors import UserError
-from core.settings import Settings
-from evaluation.data import read_pairs, read_sts
-from evaluation.expansion import parse_expansion
-from evaluation.paraphrase import evaluate_pairs, write_pairs_csv
-from evaluation.retrieval import cross_modal_recall
-from evaluation.sts import evaluate_sts
-from evaluation.suite import compare, parse_model, perturbation_suite, retrieval_on_snapshot
-from index.cli import load_encoder, load_snapshot
-from index.snapshot import Snapshot
-from paraphrase import ParaphraseSourceUnavailable
-from paraphrase.factory import make_source
+from paraseek.core.cli_support import console, err, user_errors
+from paraseek.core.encoder import Encoder
+from paraseek.core.errors import UserError
+from paraseek.core.settings import Settings
+from paraseek.evaluation.data import read_pairs, read_sts
+from paraseek.evaluation.expansion import parse_expansion
+from paraseek.evaluation.paraphrase import evaluate_pairs, write_pairs_csv
+from paraseek.evaluation.retrieval import cross_modal_recall
+from paraseek.evaluation.sts import evaluate_sts
+from paraseek.evaluation.suite import compare, parse_model, perturbation_suite, retrieval_on_snapshot
+from paraseek.index.cli import load_encoder, load_snapshot
+from paraseek.index.snapshot import Snapshot
+from paraseek.paraphrase import ParaphraseSourceUnavailable
+from paraseek.paraphrase.factory import make_source
 
 app = typer.Typer(help="Evaluate bundles: paraphrase consistency, retrieval, STS, perturbations.", no_args_is_help=True)
 

@@ -7,7 +7,7 @@ import gzip
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 
 class DataError(UserError):

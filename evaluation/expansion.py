@@ -1,6 +1,6 @@
 """Query expansion as the evaluation harness applies it: a spec string -> a function from (texts,
 their plain embeddings) to the expanded query vectors, with the same arithmetic the service uses
-(``core.query_vectors``).
+(``paraseek.core.query_vectors``).
 
 Specs: ``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a
 cosine below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
@@ -15,13 +15,13 @@ from typing import Callable
 
 import numpy as np
 
-from core.encoder import Encoder
-from core.errors import UserError
-from core.query_vectors import close_to_query, mean_fusion, rocchio
-from core.settings import Settings
-from index.snapshot import Snapshot
-from paraphrase.caption_bank import CaptionBank, bank_dir
-from paraphrase.factory import make_source
+from paraseek.core.encoder import Encoder
+from paraseek.core.errors import UserError
+from paraseek.core.query_vectors import close_to_query, mean_fusion, rocchio
+from paraseek.core.settings import Settings
+from paraseek.index.snapshot import Snapshot
+from paraseek.paraphrase.caption_bank import CaptionBank, bank_dir
+from paraseek.paraphrase.factory import make_source
 
 Expander = Callable[[list[str], np.ndarray], np.ndarray]
 

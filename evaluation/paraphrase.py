@@ -9,8 +9,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from core.encoder import Encoder
-from core.rank_metrics import average_overlap, jaccard_at_k
+from paraseek.core.encoder import Encoder
+from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
 
 
 @dataclass
@@ -42,7 +42,7 @@ def distinct_images(lists: Sequence[tuple[list[int], list[int]]]) -> int:
 def evaluate_pairs(encoder: Encoder, snapshot, pairs: Sequence[tuple[str, str]], k: int = 10,
                    expand: Callable[[list[str], np.ndarray], np.ndarray] | None = None, label: str = "plain",
                    progress: bool = True) -> ParaphraseResult:
-    """``expand`` maps (texts, their embeddings) to expanded query vectors (``evaluation.expansion``)."""
+    """``expand`` maps (texts, their embeddings) to expanded query vectors (``paraseek.evaluation.expansion``)."""
     a_texts, b_texts = [a for a, _ in pairs], [b for _, b in pairs]
     qa, qb = encoder.encode_text(a_texts), encoder.encode_text(b_texts)
     if expand is not None:

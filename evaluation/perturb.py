@@ -8,7 +8,7 @@ import random
 import string
 from typing import Callable
 
-from paraphrase import STOPWORDS, match_case
+from paraseek.paraphrase import STOPWORDS, match_case
 
 KEYBOARD = {
     "q": "wa", "w": "qes", "e": "wrd", "r": "etf", "t": "ryg", "y": "tuh", "u": "yij", "i": "uok", "o": "ipl", "p": "ol",

@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from core.errors import UserError
-from core.rank_metrics import retrieval_recall
+from paraseek.core.errors import UserError
+from paraseek.core.rank_metrics import retrieval_recall
 
 KS = (1, 5, 10)
 

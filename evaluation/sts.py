@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from core.encoder import Encoder
-from evaluation.data import StsPair
+from paraseek.core.encoder import Encoder
+from paraseek.evaluation.data import StsPair
 
 
 def evaluate_sts(encoder: Encoder, pairs: Sequence[StsPair]) -> dict[str, float]:

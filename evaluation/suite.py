@@ -10,16 +10,16 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from core.encoder import Encoder
-from core.errors import UserError
-from core.rank_metrics import average_overlap
-from evaluation.expansion import parse_expansion
-from evaluation.paraphrase import evaluate_pairs
-from evaluation.perturb import perturb_all, perturbations
-from evaluation.retrieval import cross_modal_recall
-from evaluation.sts import evaluate_sts
-from index.builder import build_snapshot
-from index.snapshot import Snapshot
+from paraseek.core.encoder import Encoder
+from paraseek.core.errors import UserError
+from paraseek.core.rank_metrics import average_overlap
+from paraseek.evaluation.expansion import parse_expansion
+from paraseek.evaluation.paraphrase import evaluate_pairs
+from paraseek.evaluation.perturb import perturb_all, perturbations
+from paraseek.evaluation.retrieval import cross_modal_recall
+from paraseek.evaluation.sts import evaluate_sts
+from paraseek.index.builder import build_snapshot
+from paraseek.index.snapshot import Snapshot
 
 
 class NoCaptionsError(UserError):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.errors import UserError
-from core.settings import Settings
-from index.snapshot import FaissStore
-from index.store import SnapshotStore
+from paraseek.core.errors import UserError
+from paraseek.core.settings import Settings
+from paraseek.index.snapshot import FaissStore
+from paraseek.index.store import SnapshotStore
 
 BACKENDS = ("faiss", "milvus")
 
@@ -19,7 +19,7 @@ def store_from_settings(settings: Settings, root: str | Path | None = None) -> S
     if settings.index_backend == "faiss":
         return FaissStore(Path(root or settings.snapshot_root))
     if settings.index_backend == "milvus":
-        from index.milvus_store import MilvusStore  # pymilvus is imported only when Milvus is used
+        from paraseek.index.milvus_store import MilvusStore  # pymilvus is imported only when Milvus is used
 
         return MilvusStore(settings.milvus_location,
                            token=settings.milvus_token.get_secret_value() if settings.milvus_token else None,

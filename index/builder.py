@@ -17,18 +17,18 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from core.encoder import Encoder
-from core.images import ImageDecodeError, decode_image
-from index.faiss_index import (
+from paraseek.core.encoder import Encoder
+from paraseek.core.images import ImageDecodeError, decode_image
+from paraseek.index.faiss_index import (
     IndexSpec,
     create_index,
 )
-from index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
-from index.recall import RECALL_QUERIES, measure_recall
-from index.snapshot import FaissStore, Snapshot, publish
-from index.store import SearchableSnapshot, SnapshotStore
-from index.vector_sources import VectorSource, iter_shards, open_vector_source
-from index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
+from paraseek.index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
+from paraseek.index.recall import RECALL_QUERIES, measure_recall
+from paraseek.index.snapshot import FaissStore, Snapshot, publish
+from paraseek.index.store import SearchableSnapshot, SnapshotStore
+from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector_source
+from paraseek.index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ def build_snapshot_from_vectors(
     image_roots: Sequence[str | Path] | None = None,
     drop_outside_paths: bool = False,
 ) -> BuildResult:
-    """Index precomputed image embeddings (``index.vector_sources`` layouts) into a new snapshot version.
+    """Index precomputed image embeddings (``paraseek.index.vector_sources`` layouts) into a new snapshot version.
 
     ``image_roots``: the folders the metadata's image paths may point into, recorded in the manifest as
     the only places the service serves images from (default: the embeddings' folder). A path outside

@@ -11,17 +11,17 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from core.bundle import read_manifest
-from core.cli_support import console, err, user_errors
-from core.encoder import Encoder
-from core.errors import UserError
-from core.settings import Settings
-from index.backends import store_from_settings
-from index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
-from index.faiss_index import IndexSpec
-from index.filters import SearchFilter
-from index.snapshot import Snapshot, read_snapshot_manifest, resolve
-from index.store import SearchHit, SnapshotStore
+from paraseek.core.bundle import read_manifest
+from paraseek.core.cli_support import console, err, user_errors
+from paraseek.core.encoder import Encoder
+from paraseek.core.errors import UserError
+from paraseek.core.settings import Settings
+from paraseek.index.backends import store_from_settings
+from paraseek.index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.filters import SearchFilter
+from paraseek.index.snapshot import Snapshot, read_snapshot_manifest, resolve
+from paraseek.index.store import SearchHit, SnapshotStore
 
 app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
 

@@ -1,12 +1,12 @@
-"""The demo snapshot: the bundled 76-photo COCO gallery (``core.demo``) indexed with a bundle."""
+"""The demo snapshot: the bundled 76-photo COCO gallery (``paraseek.core.demo``) indexed with a bundle."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from core.demo import CAPTIONS_FILE, GALLERY_DIR
-from core.encoder import Encoder
-from index.builder import BuildResult, build_snapshot
+from paraseek.core.demo import CAPTIONS_FILE, GALLERY_DIR
+from paraseek.core.encoder import Encoder
+from paraseek.index.builder import BuildResult, build_snapshot
 
 
 def build_demo_snapshot(encoder: Encoder, root: Path, progress: bool = True) -> BuildResult:

@@ -14,8 +14,8 @@ import faiss
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import UserError
-from core.rank_metrics import overlap_recall
+from paraseek.core.errors import UserError
+from paraseek.core.rank_metrics import overlap_recall
 
 log = logging.getLogger(__name__)
 

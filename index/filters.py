@@ -18,7 +18,7 @@ from typing import Annotated, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 
 class ImageSourceError(UserError):

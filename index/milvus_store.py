@@ -33,13 +33,13 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 from cachetools import LRUCache
 
-from core.errors import UserError
-from index.faiss_index import IndexSpec
-from index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
-from index.recall import measure_recall_with
-from index.snapshot import check_image_space, pid_alive
-from index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
-from index.versions import SnapshotError, SnapshotManifest
+from paraseek.core.errors import UserError
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
+from paraseek.index.recall import measure_recall_with
+from paraseek.index.snapshot import check_image_space, pid_alive
+from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
+from paraseek.index.versions import SnapshotError, SnapshotManifest
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from core.rank_metrics import overlap_recall
-from index.faiss_index import (
+from paraseek.core.rank_metrics import overlap_recall
+from paraseek.index.faiss_index import (
     ExactVectors,
     IndexSpec,
     apply_search_params,
@@ -18,7 +18,7 @@ from index.faiss_index import (
     train_and_add,
     tune_setting,
 )
-from index.versions import BuildError
+from paraseek.index.versions import BuildError
 
 RECALL_QUERIES = 1000
 

@@ -27,8 +27,8 @@ import faiss
 import numpy as np
 from pydantic import ValidationError
 
-from core.integrity import checksums, verify_checksums
-from index.faiss_index import (
+from paraseek.core.integrity import checksums, verify_checksums
+from paraseek.index.faiss_index import (
     BLAS_MIN_QUERIES,
     SPLIT_SCAN_MIN_ROWS,
     ExactVectors,
@@ -42,10 +42,10 @@ from index.faiss_index import (
     split_scan,
     to_search_device,
 )
-from index.filters import FilterColumns, SearchFilter, user_field_names
-from index.recall import build_faiss_index, measure_recall
-from index.store import SearchableSnapshot, SnapshotStore, next_version_name
-from index.versions import SnapshotError, SnapshotManifest
+from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
+from paraseek.index.recall import build_faiss_index, measure_recall
+from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
+from paraseek.index.versions import SnapshotError, SnapshotManifest
 
 CURRENT = "current"
 VERSIONS = "versions"

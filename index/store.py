@@ -2,9 +2,9 @@
 
 Two implementations:
 
-- ``faiss`` (``index.snapshot.FaissStore``, the embedded default): versions are folders under a
+- ``faiss`` (``paraseek.index.snapshot.FaissStore``, the embedded default): versions are folders under a
   snapshot root; every replica loads the whole index into its own memory.
-- ``milvus`` (``index.milvus_store.MilvusStore``): one Milvus collection per version, the serving
+- ``milvus`` (``paraseek.index.milvus_store.MilvusStore``): one Milvus collection per version, the serving
   version behind a collection alias; the vectors live in Milvus (Milvus Lite in-process for tests and
   small setups, a standalone or distributed server when the collection outgrows one machine).
 
@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from core.errors import Unavailable
-from index.image_sources import resolve_within
+from paraseek.core.errors import Unavailable
+from paraseek.index.image_sources import resolve_within
 
 if TYPE_CHECKING:
-    from index.faiss_index import IndexSpec
-    from index.filters import SearchFilter
-    from index.versions import BundleRef, SnapshotManifest, VersionDraft
+    from paraseek.index.faiss_index import IndexSpec
+    from paraseek.index.filters import SearchFilter
+    from paraseek.index.versions import BundleRef, SnapshotManifest, VersionDraft
 
 # v0001-20261122T080000Z-3f9a: a number and a UTC time (sortable), and a random suffix (versions
 # named before the suffix have none) so that two writers naming a version in the same second differ

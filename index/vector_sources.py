@@ -24,8 +24,8 @@ from typing import Iterator
 
 import numpy as np
 
-from core.errors import UserError
-from index.image_sources import path_id
+from paraseek.core.errors import UserError
+from paraseek.index.image_sources import path_id
 
 METADATA_SUFFIXES = (".parquet", ".jsonl", ".csv")
 ID_COLUMNS = ("id", "image_id", "key")

@@ -10,9 +10,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import UserError
-from index.faiss_index import IndexSpec
-from index.filters import user_field_names
+from paraseek.core.errors import UserError
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.filters import user_field_names
 
 FORMAT_VERSION = 1
 

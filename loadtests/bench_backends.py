@@ -7,10 +7,10 @@ matching 1 %, 10 % and 50 % of the collection (p50 at batch 1 and recall@10 agai
 among the matching vectors). Each Milvus row ends with its ratio to the FAISS row of the same kind.
 
 The vectors are the index benchmark's synthetic mix around real CLIP image embeddings, the queries
-its noisy real caption embeddings (``loadtests.bench_index``). Milvus is Milvus Lite in this
+its noisy real caption embeddings (``paraseek.loadtests.bench_index``). Milvus is Milvus Lite in this
 process unless ``--milvus-uri`` names a server.
 
-    python -m loadtests.bench_backends [--size 100000] [--data ../shared/data] [--milvus-uri URI]
+    python -m paraseek.loadtests.bench_backends [--size 100000] [--data ../shared/data] [--milvus-uri URI]
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from core.rank_metrics import overlap_recall
-from index.faiss_index import IndexSpec, exact_search, set_threads
-from index.filters import SearchFilter
-from index.snapshot import FaissStore
-from index.store import SnapshotStore
-from index.versions import BundleRef, VersionDraft
-from loadtests.bench_index import DEFAULT_DATA, synthetic_collection, synthetic_queries
+from paraseek.core.rank_metrics import overlap_recall
+from paraseek.index.faiss_index import IndexSpec, exact_search, set_threads
+from paraseek.index.filters import SearchFilter
+from paraseek.index.snapshot import FaissStore
+from paraseek.index.store import SnapshotStore
+from paraseek.index.versions import BundleRef, VersionDraft
+from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection, synthetic_queries
 
 REF = BundleRef(name="bench", version="1", image_space="clip-vit-b16/synthetic")
 SELECTIVITY = {"1%": [0], "10%": list(range(10)), "50%": list(range(50))}  # licence ids 0..99 drawn uniformly
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=200, help="timed calls per batch-1 measurement")
     args = p.parse_args(argv)
 
-    from index.milvus_store import MilvusStore  # the milvus extra
+    from paraseek.index.milvus_store import MilvusStore  # the milvus extra
 
     feats = np.load(args.data / "clip-vitb16-coco500" / "features_clip.npy")
     rng = np.random.default_rng(0)

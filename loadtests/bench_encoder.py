@@ -3,7 +3,7 @@ longest real sequence), batch 1 and batch 32, for the open_clip ViT-B-32 text to
 speed does not depend on them) and the starter's text tower. All timings in one run, medians.
 
     paraseek bench encoder [--repeats 30]
-    python -m loadtests.bench_encoder
+    python -m paraseek.loadtests.bench_encoder
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.demo import demo_captions
-from core.encoder import Encoder
+from paraseek.core.demo import demo_captions
+from paraseek.core.encoder import Encoder
 
 TARGET = 4.0  # int8 truncated batch-1 must be at least this much faster than torch eager 77 tokens
 
@@ -32,13 +32,13 @@ def _median_ms(fn, inputs, repeats: int) -> float:
 
 def run(repeats: int = 30, workdir: Path | None = None, threads: int | None = None) -> int:
     # torch and open_clip, lazily: the CLI imports this module, and only this benchmark needs them
-    import training.torch_env  # noqa: F401  (torchvision shim before open_clip)
+    import paraseek.training.torch_env  # noqa: F401  (torchvision shim before open_clip)
     import open_clip
     import torch
 
-    from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
-    from training.export.openclip import export_open_clip_model
-    from training.export.quantize import quantize_text_tower
+    from paraseek.training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
+    from paraseek.training.export.openclip import export_open_clip_model
+    from paraseek.training.export.quantize import quantize_text_tower
 
     if threads:
         torch.set_num_threads(threads)

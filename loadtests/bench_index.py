@@ -9,7 +9,7 @@ is a random mix of two of the 500 real CLIP ViT-B/16 COCO image embeddings plus 
 (noise 0.35: cosine ~0.9 to the mix of the two). Queries are the 500 real
 caption embeddings with a little noise.
 
-    python -m loadtests.bench_index [--sizes 10000 100000 1000000] [--data ../shared/data]
+    python -m paraseek.loadtests.bench_index [--sizes 10000 100000 1000000] [--data ../shared/data]
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from core.encoder import Encoder
-from core.rank_metrics import overlap_recall
-from index.builder import build_snapshot
-from index.faiss_index import (
+from paraseek.core.encoder import Encoder
+from paraseek.core.rank_metrics import overlap_recall
+from paraseek.index.builder import build_snapshot
+from paraseek.index.faiss_index import (
     IVF_TYPES,
     ExactVectors,
     IndexSpec,
@@ -64,7 +64,7 @@ def synthetic_queries(texts: np.ndarray, seed: int = 0, rng: np.random.Generator
 
 
 def time_search(index, queries: np.ndarray, batch: int, k: int = 10, budget_s: float = 1.5) -> tuple[float, float]:
-    """-> (median latency ms per call, queries/s). ``index``: anything with ``search(queries, k)``."""
+    """-> (median latency ms per call, queries/s). ``paraseek.index``: anything with ``search(queries, k)``."""
     index.search(queries[:batch], k)  # warm-up
     lat: list[float] = []
     done, start = 0, time.perf_counter()
@@ -82,7 +82,7 @@ def time_search(index, queries: np.ndarray, batch: int, k: int = 10, budget_s: f
 
 
 def build_throughput(data: Path) -> float:
-    from training.export.starter import build_starter  # torch, lazily: only this row needs it
+    from paraseek.training.export.starter import build_starter  # torch, lazily: only this row needs it
 
     tmp = Path(tempfile.mkdtemp(prefix="paraseek-bench-index-"))
     build_starter(tmp / "starter", int8=False)

@@ -13,7 +13,7 @@ One run, on the embedded default (the demo gallery, plain searches of captions n
 Targets (exit 1 when missed): with shedding, accepted p99 <= 1.5 x the capacity p99, 503s answered
 with p99 <= 50 ms, no status but 200 and 503, and peak RSS <= 1.1 x RSS before the overload.
 
-    python -m loadtests.bench_overload [--seconds 10] [--concurrency 8] [--factor 4] [--home DIR]
+    python -m paraseek.loadtests.bench_overload [--seconds 10] [--concurrency 8] [--factor 4] [--home DIR]
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from core.settings import Settings
-from loadtests.bench_service import drive, start_paraseek
-from loadtests.queries import caption_groups
-from training.embedded import ensure_embedded_default
+from paraseek.core.settings import Settings
+from paraseek.loadtests.bench_service import drive, start_paraseek
+from paraseek.loadtests.queries import caption_groups
+from paraseek.training.embedded import ensure_embedded_default
 
 
 def rss_mb(pid: int) -> float:

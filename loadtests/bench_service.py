@@ -27,15 +27,15 @@ alternating rounds of the two batch-1 timings (in this process, the server idle)
 concurrency-1 run, medians of ``--latency-rounds`` (5): on a shared machine whose speed drifts within
 minutes, a budget measured at the start of a section does not compare with a row run minutes later.
 
-    python -m loadtests.bench_service [--seconds 8] [--scale-seconds 5] [--sizes 76 100000 1000000]
+    python -m paraseek.loadtests.bench_service [--seconds 8] [--scale-seconds 5] [--sizes 76 100000 1000000]
         [--bundles starter vit-b-32] [--work DIR] [--latency-rounds 5] [--skip-demo] [--skip-scale]
         [--data ../shared/data]
 
 Comparing commits on the demo section, each side's server driven by this load generator:
 
     git worktree add /tmp/before OLD
-    python -m loadtests.bench_service --skip-scale --server-checkout /tmp/before --home /tmp/home-before
-    python -m loadtests.bench_service --skip-scale
+    python -m paraseek.loadtests.bench_service --skip-scale --server-checkout /tmp/before --home /tmp/home-before
+    python -m paraseek.loadtests.bench_service --skip-scale
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ import aiohttp
 import numpy as np
 import orjson
 
-from core.encoder import Encoder
-from core.settings import Settings
-from loadtests.queries import caption_groups
-from loadtests.server import start_server
-from training.embedded import ensure_embedded_default
+from paraseek.core.encoder import Encoder
+from paraseek.core.settings import Settings
+from paraseek.loadtests.queries import caption_groups
+from paraseek.loadtests.server import start_server
+from paraseek.training.embedded import ensure_embedded_default
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -176,9 +176,9 @@ def prepare_bundle(name: str, home: Path, work: Path) -> Path:
         return Settings(home=home).bundle_dir
     out = work / "bundles" / "vit-b-32-random"
     if not (out / "manifest.json").is_file():
-        from core.demo import demo_captions
-        from training.export.openclip import export_open_clip  # torch, only to build the bundle once
-        from training.export.quantize import quantize_text_tower
+        from paraseek.core.demo import demo_captions
+        from paraseek.training.export.openclip import export_open_clip  # torch, only to build the bundle once
+        from paraseek.training.export.quantize import quantize_text_tower
 
         export_open_clip("ViT-B-32", out, name="vit-b-32-random")
         quantize_text_tower(out, demo_captions())
@@ -188,7 +188,7 @@ def prepare_bundle(name: str, home: Path, work: Path) -> Path:
 def synthetic_space(dim: int, data: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """bench_index's image centres and caption-like queries, carried into ``dim`` dimensions by a
     random orthogonal map when the bundle's space is not 512-d (distances are kept)."""
-    from loadtests.bench_index import synthetic_queries
+    from paraseek.loadtests.bench_index import synthetic_queries
 
     feats = np.load(data / "clip-vitb16-coco500" / "features_clip.npy")
     centres, queries = feats[0].astype(np.float32), synthetic_queries(feats[1].astype(np.float32), seed)
@@ -202,11 +202,11 @@ def synthetic_space(dim: int, data: Path, seed: int = 0) -> tuple[np.ndarray, np
 
 def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
     """A snapshot root for this bundle and size, built once and reused by later runs."""
-    from core.bundle import read_manifest
-    from index.builder import build_snapshot, build_snapshot_from_vectors
-    from index.demo import build_demo_snapshot
-    from index.faiss_index import IndexSpec
-    from loadtests.bench_index import synthetic_collection
+    from paraseek.core.bundle import read_manifest
+    from paraseek.index.builder import build_snapshot, build_snapshot_from_vectors
+    from paraseek.index.demo import build_demo_snapshot
+    from paraseek.index.faiss_index import IndexSpec
+    from paraseek.loadtests.bench_index import synthetic_collection
 
     manifest = read_manifest(bundle, verify=False)
     root = work / "snapshots" / f"{manifest.name}-{size}"
@@ -249,7 +249,7 @@ def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
 def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s: float = 3.0) -> float:
     """Texts/s of the service's encoder layout: its workers side by side, each calling one shared
     session (intra-op threads = cores / workers) with batches of 8, as the encoder batcher does on CPU."""
-    from service.engine import default_text_batch, encoder_workers, load_encoder
+    from paraseek.service.engine import default_text_batch, encoder_workers, load_encoder
 
     settings = Settings(precision=precision)
     enc = load_encoder(bundle, settings)
@@ -279,8 +279,8 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of) ->
     """E (texts/s at batch 32), E of the service's encoder layout and batch-1 ms per precision; I
     (queries/s at batch 64) and batch-1 ms of the index, all cores, in this process. ``texts`` are like
     the requests' (batch 1 rotates through them)."""
-    from index.faiss_index import set_threads
-    from index.snapshot import Snapshot
+    from paraseek.index.faiss_index import set_threads
+    from paraseek.index.snapshot import Snapshot
 
     out: dict = {}
     encoders = {}
@@ -316,7 +316,7 @@ def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, que
     caption numbered 900000017 is two CLIP tokens longer than one numbered 7000017. The floor is the
     compute of a lone request as the server runs it (``server_encoder``: its sessions, whose threads
     sleep between operators), back to back in this process: what the service adds is above it."""
-    from index.faiss_index import set_threads
+    from paraseek.index.faiss_index import set_threads
 
     set_threads(os.cpu_count())  # batch 1 as the server searches a lone request's row
     enc, idx, floor, p50 = [], [], [], []
@@ -337,8 +337,8 @@ def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, que
 
 
 def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
-    from index.snapshot import Snapshot
-    from service.engine import load_encoder
+    from paraseek.index.snapshot import Snapshot
+    from paraseek.service.engine import load_encoder
 
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)

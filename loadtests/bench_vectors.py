@@ -4,7 +4,7 @@ and IVF, each in a fresh process; print vectors/s, peak RSS, and the ratio of ea
 time it takes just to read the shards from disk (the floor of any streamed build). Medians of
 ``--repeats`` runs.
 
-    python -m loadtests.bench_vectors [--count 1000000] [--shards 10] [--repeats 3] [--data ../shared/data]
+    python -m paraseek.loadtests.bench_vectors [--count 1000000] [--shards 10] [--repeats 3] [--data ../shared/data]
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtests.bench_index import DEFAULT_DATA, synthetic_collection
+from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection
 
 BUILD = """
 import json, resource, sys, time
-from index.builder import build_snapshot_from_vectors
-from index.faiss_index import IndexSpec
+from paraseek.index.builder import build_snapshot_from_vectors
+from paraseek.index.faiss_index import IndexSpec
 spec = IndexSpec.model_validate_json(sys.argv[3])
 t0 = time.perf_counter()
 result = build_snapshot_from_vectors(sys.argv[1], sys.argv[2], image_space="bench/space", spec=spec, progress=False)
@@ -59,7 +59,7 @@ def write_shards(folder: Path, count: int, shards: int, data: Path) -> int:
 WRITE = """
 import json, sys
 from pathlib import Path
-from loadtests.bench_vectors import write_shards
+from paraseek.loadtests.bench_vectors import write_shards
 print(json.dumps({"bytes": write_shards(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))}))
 """
 

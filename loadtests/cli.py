@@ -10,10 +10,10 @@ from typing import List, Optional
 import httpx
 import typer
 
-from core.cli_support import console, err, user_errors
-from core.errors import UserError
-from loadtests import bench_encoder, bench_index, bench_service, bench_vectors  # bench_encoder imports torch only when run
-from loadtests.load import run_load
+from paraseek.core.cli_support import console, err, user_errors
+from paraseek.core.errors import UserError
+from paraseek.loadtests import bench_encoder, bench_index, bench_service, bench_vectors  # bench_encoder imports torch only when run
+from paraseek.loadtests.load import run_load
 
 app = typer.Typer(help="Benchmarks (print side-by-side ratios measured in one run).", no_args_is_help=True)
 

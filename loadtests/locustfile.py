@@ -14,8 +14,8 @@ import random
 
 from locust import FastHttpUser, between, tag, task
 
-from core.settings import Settings
-from loadtests.queries import caption_groups
+from paraseek.core.settings import Settings
+from paraseek.loadtests.queries import caption_groups
 
 GROUPS = caption_groups(Settings().load_queries)
 POPULAR = [g[0] for g in GROUPS[:20]]  # a few queries many users repeat: cache hits

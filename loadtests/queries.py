@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.demo import CAPTIONS_FILE
-from evaluation.data import read_caption_groups
+from paraseek.core.demo import CAPTIONS_FILE
+from paraseek.evaluation.data import read_caption_groups
 
 
 def caption_groups(tsv: str | Path | None = None, min_size: int = 2) -> list[list[str]]:

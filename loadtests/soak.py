@@ -3,7 +3,7 @@ serve`` (with its own redis-server) while Redis is killed and restarted, the bun
 snapshot reindexed. Prints requests, failures, 5xx, p50/p99 and the server's RSS after warm-up and at
 the end; exits non-zero on any 5xx, any failed query, or RSS growth over ``--max-rss-growth``.
 
-    python -m loadtests.soak [--seconds 120] [--rate 25]
+    python -m paraseek.loadtests.soak [--seconds 120] [--rate 25]
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any
 
 import httpx
 
-from core.demo import CAPTIONS_FILE, GALLERY_DIR
-from core.net import free_port
-from core.settings import Settings
-from loadtests.queries import caption_groups
-from loadtests.server import start_server
-from training.embedded import ensure_embedded_default
+from paraseek.core.demo import CAPTIONS_FILE, GALLERY_DIR
+from paraseek.core.net import free_port
+from paraseek.core.settings import Settings
+from paraseek.loadtests.queries import caption_groups
+from paraseek.loadtests.server import start_server
+from paraseek.training.embedded import ensure_embedded_default
 
 TOKEN = "soak-admin-token"
 DEFAULT_NLTK = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nltk_data"

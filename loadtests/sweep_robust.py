@@ -3,9 +3,9 @@ tower in process at several WiSE-FT alphas (no export per alpha), printing one J
 AO@10 / JS@10 / distinct images on paraphrase pairs over a gallery, T2I R@1/5/10 on the gallery's
 captions, STS-B Spearman. ``loadtests/results/robust_starter.md`` was measured with it.
 
-    python -m loadtests.sweep_robust NAME [OVERRIDE ...] --data ../shared/data --out runs/sweep
+    python -m paraseek.loadtests.sweep_robust NAME [OVERRIDE ...] --data ../shared/data --out runs/sweep
 
-e.g. ``python -m loadtests.sweep_robust t10 objective.temperature=0.1``. Rows are appended to
+e.g. ``python -m paraseek.loadtests.sweep_robust t10 objective.temperature=0.1``. Rows are appended to
 ``OUT/results.jsonl``; paraphrases and anchor targets are shared between runs through ``OUT``.
 """
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from core.encoder import Encoder
-from core.rank_metrics import average_overlap, jaccard_at_k
-from core.settings import Settings
-from evaluation.data import read_pairs, read_sts
-from loadtests.bench_index import DEFAULT_DATA
+from paraseek.core.encoder import Encoder
+from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
+from paraseek.core.settings import Settings
+from paraseek.evaluation.data import read_pairs, read_sts
+from paraseek.loadtests.bench_index import DEFAULT_DATA
 
 
 def main(argv=None) -> int:
@@ -37,11 +37,11 @@ def main(argv=None) -> int:
 
     from scipy.stats import spearmanr
 
-    from training.data import embed_images  # the training stack, lazily: this sweep trains
-    from training.export.starter import ensure_starter_bundle
-    from training.losses import wise_ft
-    from training.recipe import DataSpec, load_recipe
-    from training.trainer import Trainer
+    from paraseek.training.data import embed_images  # the training stack, lazily: this sweep trains
+    from paraseek.training.export.starter import ensure_starter_bundle
+    from paraseek.training.losses import wise_ft
+    from paraseek.training.recipe import DataSpec, load_recipe
+    from paraseek.training.trainer import Trainer
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

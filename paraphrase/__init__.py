@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?|[^A-Za-z\s]+|\s+")
 

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from core.bundle import BundleManifest
-from core.errors import UserError
-from core.query_vectors import mean_fusion, weighted_fusion
+from paraseek.core.bundle import BundleManifest
+from paraseek.core.errors import UserError
+from paraseek.core.query_vectors import mean_fusion, weighted_fusion
 
 if TYPE_CHECKING:
-    from core.encoder import Encoder
+    from paraseek.core.encoder import Encoder
 
 DEFAULT_TEXTS = Path(__file__).resolve().parent / "data" / "coco_train_captions.tsv.gz"
 FUSIONS = ("mean", "weighted")
@@ -71,7 +71,7 @@ def read_caption_texts(path: str | Path) -> list[str]:
 @lru_cache(maxsize=1)
 def caption_word_counts() -> Counter[str]:
     """How often each word occurs in the shipped captions: which of two wordings COCO captions
-    usually use (``kid`` 45 times, ``child`` 172; the rewrites of ``paraphrase.ppdb`` prefer the latter)."""
+    usually use (``kid`` 45 times, ``child`` 172; the rewrites of ``paraseek.paraphrase.ppdb`` prefer the latter)."""
     return Counter(w for text in read_caption_texts(DEFAULT_TEXTS) for w in re.findall(r"[a-z]+", text.lower()))
 
 

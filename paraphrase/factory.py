@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.settings import Settings
-from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
+from paraseek.core.settings import Settings
+from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 
 # llm: ParaCLIP's first prompt (x'); llm-avoid-words: its second prompt alone (x'' from x');
 # generator: both steps
@@ -20,15 +20,15 @@ def make_source(method: str, settings: Settings, *, ppdb_path: str | Path | None
     ``usual_only``: WordNet and PPDB rewrite only toward more usual wording, which makes query expansion
     raise consistency; training's x'' wants every reliable synonym instead (ParaCLIP: avoid the words used)."""
     if method == "wordnet":
-        from paraphrase.wordnet import WordNetSource
+        from paraseek.paraphrase.wordnet import WordNetSource
 
         return WordNetSource() if usual_only else WordNetSource(senses=3, min_ratio=-1.0)
     if method == "ppdb":
-        from paraphrase.ppdb import PPDBSource
+        from paraseek.paraphrase.ppdb import PPDBSource
 
         return PPDBSource(ppdb_path or settings.ppdb_path, usual_only=usual_only)
     if method in ("llm", "llm-avoid-words", "generator"):
-        from paraphrase.llm import ChatClient, LLMSource, TwoStepGenerator
+        from paraseek.paraphrase.llm import ChatClient, LLMSource, TwoStepGenerator
 
         client = ChatClient(
             settings.llm_base_url, settings.llm_model,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cachetools import LRUCache
 
-from paraphrase import ParaphraseSourceUnavailable
+from paraseek.paraphrase import ParaphraseSourceUnavailable
 
 log = logging.getLogger(__name__)
 

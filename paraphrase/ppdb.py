@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from paraphrase import ParaphraseSourceUnavailable, substitution_variants
-from paraphrase.caption_bank import caption_word_counts
+from paraseek.paraphrase import ParaphraseSourceUnavailable, substitution_variants
+from paraseek.paraphrase.caption_bank import caption_word_counts
 
 
 def _usage(phrase: str, counts) -> int:

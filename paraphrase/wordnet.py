@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 
-from paraphrase import ParaphraseSourceUnavailable, substitution_variants
+from paraseek.paraphrase import ParaphraseSourceUnavailable, substitution_variants
 
 
 def _pos(synset) -> str:

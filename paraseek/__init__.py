@@ -1,9 +1,9 @@
 """paraseek: text-to-image search whose answers stay the same when a user rephrases the query.
 
 This package is the top floor: the ``paraseek`` command line (``paraseek.cli``), which assembles the
-commands of the layers below it. The layers, from the ground up: ``core`` (bundle format, encoder
-runtime, tokenizer, settings), ``paraphrase`` (paraphrase sources), ``index`` (FAISS snapshots),
-``evaluation`` (metrics harness), ``service`` (HTTP) and ``training`` (torch), ``loadtests``.
+commands of the layers below it. The layers, from the ground up: ``paraseek.core`` (bundle format, encoder
+runtime, tokenizer, settings), ``paraseek.paraphrase`` (paraphrase sources), ``paraseek.index`` (FAISS snapshots),
+``paraseek.evaluation`` (metrics harness), ``paraseek.service`` (HTTP) and ``paraseek.training`` (torch), ``paraseek.loadtests``.
 """
 
 import os
@@ -15,6 +15,6 @@ import os
 # set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from core import __version__  # noqa: E402  (after the environment above)
+from paraseek.core import __version__  # noqa: E402  (after the environment above)
 
 __all__ = ["__version__"]

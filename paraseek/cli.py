@@ -1,6 +1,6 @@
 """The ``paraseek`` command line: the top floor. It only assembles the commands each layer defines
-next to its own code (``index.cli``, ``evaluation.cli``, ``training.cli``, ``loadtests.cli``), plus
-``serve`` and ``demo``, which put the embedded default (``training.embedded``) in front of the
+next to its own code (``paraseek.index.cli``, ``paraseek.evaluation.cli``, ``paraseek.training.cli``, ``paraseek.loadtests.cli``), plus
+``serve`` and ``demo``, which put the embedded default (``paraseek.training.embedded``) in front of the
 service and the index. Nothing here imports torch: commands that need it import it when they run.
 """
 
@@ -11,17 +11,17 @@ from typing import List, Optional
 
 import typer
 
-from core.cli_support import user_errors
-from core.encoder import Encoder
-from core.settings import Settings
-from evaluation.cli import app as eval_app
-from index.cli import app as index_app
-from index.cli import print_results
-from index.snapshot import Snapshot
-from loadtests.cli import app as bench_app
-from service.main import run as run_service
-from training.cli import models_app, train_cmd
-from training.embedded import ensure_embedded_default, with_default_expansion
+from paraseek.core.cli_support import user_errors
+from paraseek.core.encoder import Encoder
+from paraseek.core.settings import Settings
+from paraseek.evaluation.cli import app as eval_app
+from paraseek.index.cli import app as index_app
+from paraseek.index.cli import print_results
+from paraseek.index.snapshot import Snapshot
+from paraseek.loadtests.cli import app as bench_app
+from paraseek.service.main import run as run_service
+from paraseek.training.cli import models_app, train_cmd
+from paraseek.training.embedded import ensure_embedded_default, with_default_expansion
 
 app = typer.Typer(help="paraseek: text-to-image search whose answers stay the same when a user rephrases the query.",
                   no_args_is_help=True, add_completion=False)

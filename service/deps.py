@@ -7,9 +7,9 @@ import hmac
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from core.settings import Settings
-from service.engine import SearchEngine
-from service.jobs import JobManager
+from paraseek.core.settings import Settings
+from paraseek.service.engine import SearchEngine
+from paraseek.service.jobs import JobManager
 
 _bearer = HTTPBearer(auto_error=False)
 

@@ -17,26 +17,26 @@ from typing import Awaitable, Callable, TypeVar
 
 import numpy as np
 
-from core.encoder import Encoder, choose_providers, l2_normalize
-from core.errors import UserError
-from core.images import ImageDecodeError, decode_image
-from core.memory import limit_malloc_arenas, release_free_memory
-from core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
-from core.rank_metrics import average_overlap, jaccard_at_k
-from core.settings import Settings
-from index.backends import store_from_settings
-from index.faiss_index import set_threads
-from index.filters import FilterError, SearchFilter
-from index.store import SearchableSnapshot, SearchView, SnapshotStore
-from index.versions import SnapshotError
-from paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
-from paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
-from paraphrase.factory import make_source
-from paraphrase.llm import LLMError
-from service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, encode_texts, search_rows
-from service.cache import Cache, params_key
-from service.prometheus import ServiceMetrics
-from service.schemas import (
+from paraseek.core.encoder import Encoder, choose_providers, l2_normalize
+from paraseek.core.errors import UserError
+from paraseek.core.images import ImageDecodeError, decode_image
+from paraseek.core.memory import limit_malloc_arenas, release_free_memory
+from paraseek.core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
+from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
+from paraseek.core.settings import Settings
+from paraseek.index.backends import store_from_settings
+from paraseek.index.faiss_index import set_threads
+from paraseek.index.filters import FilterError, SearchFilter
+from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
+from paraseek.index.versions import SnapshotError
+from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
+from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
+from paraseek.paraphrase.factory import make_source
+from paraseek.paraphrase.llm import LLMError
+from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, encode_texts, search_rows
+from paraseek.service.cache import Cache, params_key
+from paraseek.service.prometheus import ServiceMetrics
+from paraseek.service.schemas import (
     TEXT_EXPANSIONS,
     ConsistencyReport,
     EmbeddingsRequest,

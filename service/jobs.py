@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from core.memory import release_free_memory
-from index.backends import store_from_settings
-from index.builder import build_snapshot
-from index.faiss_index import IndexSpec
-from index.image_sources import open_source
-from service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
-from service.schemas import Job, ReindexRequest
+from paraseek.core.memory import release_free_memory
+from paraseek.index.backends import store_from_settings
+from paraseek.index.builder import build_snapshot
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.image_sources import open_source
+from paraseek.service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
+from paraseek.service.schemas import Job, ReindexRequest
 
 log = logging.getLogger(__name__)
 

@@ -14,18 +14,18 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core import __version__
-from core.cpu_threads import limit_pthread_blas
-from core.settings import Settings
-from core.tokenizer import EmptyTextError
-from index.filters import FilterError
-from index.store import IndexUnavailable
-from service.batcher import Overloaded
-from service.engine import RequestError, SearchEngine
-from service.jobs import JobManager
-from service.logging_config import configure_logging, request_id
-from service.prometheus import ServiceMetrics
-from service.routes import admin, embeddings, images, info, page, search
+from paraseek.core import __version__
+from paraseek.core.cpu_threads import limit_pthread_blas
+from paraseek.core.settings import Settings
+from paraseek.core.tokenizer import EmptyTextError
+from paraseek.index.filters import FilterError
+from paraseek.index.store import IndexUnavailable
+from paraseek.service.batcher import Overloaded
+from paraseek.service.engine import RequestError, SearchEngine
+from paraseek.service.jobs import JobManager
+from paraseek.service.logging_config import configure_logging, request_id
+from paraseek.service.prometheus import ServiceMetrics
+from paraseek.service.routes import admin, embeddings, images, info, page, search
 
 log = logging.getLogger("paraseek.access")
 

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, ValidationInfo, field_validator, model_validator
 
-from index.faiss_index import IndexType
-from index.filters import SearchFilter
+from paraseek.index.faiss_index import IndexType
+from paraseek.index.filters import SearchFilter
 
 
 class StrictModel(BaseModel):

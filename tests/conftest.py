@@ -51,7 +51,7 @@ def coco_val(shared_data):
 def _every_core():
     """Every core for OpenMP (torch, onnxruntime) while this process builds what the other test
     processes wait for: they sit idle meanwhile, so its usual share would leave cores unused."""
-    import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+    import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
     import torch
 
     share, threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
@@ -92,14 +92,14 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 @pytest.fixture(scope="session")
 def starter_bundle(tmp_path_factory) -> Path:
-    from training.export.starter import build_starter
+    from paraseek.training.export.starter import build_starter
 
     return built_once(tmp_path_factory, "starter", lambda out: build_starter(out, int8=True))
 
 
 @pytest.fixture(scope="session")
 def starter_encoder(starter_bundle):
-    from core.encoder import Encoder
+    from paraseek.core.encoder import Encoder
 
     return Encoder(starter_bundle)
 
@@ -107,7 +107,7 @@ def starter_encoder(starter_bundle):
 @pytest.fixture(scope="session")
 def starter_bank(starter_encoder, tmp_path_factory):
     """A small caption bank (the first 400 shipped captions) embedded by the starter."""
-    from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
+    from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
 
     return CaptionBank.build(starter_encoder, read_caption_texts(DEFAULT_TEXTS)[:400], tmp_path_factory.mktemp("bank"))
 
@@ -115,10 +115,10 @@ def starter_bank(starter_encoder, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory):
     """A tiny random-initialised open_clip model, saved as a checkpoint and exported from it."""
-    import training.torch_env  # noqa: F401  (torchvision shim before open_clip)
+    import paraseek.training.torch_env  # noqa: F401  (torchvision shim before open_clip)
     import torch
 
-    from training.export.openclip import export_open_clip, load_open_clip
+    from paraseek.training.export.openclip import export_open_clip, load_open_clip
 
     tmp = tmp_path_factory.mktemp("tiny-clip")
     torch.manual_seed(0)
@@ -160,7 +160,7 @@ def fresh_prefix() -> str:
 @pytest.fixture()
 def milvus_store(milvus_lite_uri):
     """An empty Milvus store of its own (a fresh collection prefix in the session's Milvus Lite)."""
-    from index.milvus_store import MilvusStore
+    from paraseek.index.milvus_store import MilvusStore
 
     return MilvusStore(milvus_lite_uri, prefix=fresh_prefix())
 
@@ -173,7 +173,7 @@ def milvus_server(tmp_path):
     import subprocess
     import sys
 
-    from core.net import free_port, wait_listening
+    from paraseek.core.net import free_port, wait_listening
 
     port = free_port()
     data = tmp_path / "milvus-server"
@@ -211,7 +211,7 @@ class MilvusStandalone:
     ports and data, as a restart does."""
 
     def __init__(self, exe: Path, data: Path):
-        from core.net import free_port
+        from paraseek.core.net import free_port
 
         self.exe, self.data = exe, data
         self.ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
@@ -221,7 +221,7 @@ class MilvusStandalone:
     def start(self) -> None:
         import subprocess
 
-        from core.net import wait_listening
+        from paraseek.core.net import wait_listening
 
         log = open(self.data / "server.log", "ab")
         self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),

@@ -90,9 +90,9 @@ def test_index_update_add_remove_retrain(home, shared_data, tmp_path):
 
 
 def test_export_openclip_and_export_hf_from_the_cli(tiny_clip, tmp_path):
-    from core.encoder import Encoder
+    from paraseek.core.encoder import Encoder
     from tests.conftest import TINY_CLIP_CONFIG
-    from training.export.hf_text import minilm_dir
+    from paraseek.training.export.hf_text import minilm_dir
 
     _, _, ckpt = tiny_clip
     out = tmp_path / "clip"

@@ -9,15 +9,15 @@ from typing import List, Optional
 
 import typer
 
-from core.bundle import read_manifest
-from core.cli_support import console, user_errors
-from core.demo import demo_captions
-from core.encoder import Encoder
-from core.errors import UserError
-from core.settings import Settings
-from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
-from training.export.quantize import quantize_text_tower  # onnxruntime only, no torch
-from training.recipe import list_recipes, load_recipe
+from paraseek.core.bundle import read_manifest
+from paraseek.core.cli_support import console, user_errors
+from paraseek.core.demo import demo_captions
+from paraseek.core.encoder import Encoder
+from paraseek.core.errors import UserError
+from paraseek.core.settings import Settings
+from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
+from paraseek.training.export.quantize import quantize_text_tower  # onnxruntime only, no torch
+from paraseek.training.recipe import list_recipes, load_recipe
 
 models_app = typer.Typer(help="Build, export, quantise and inspect model bundles.", no_args_is_help=True)
 
@@ -43,7 +43,7 @@ def build_starter_cmd(
     """Build the offline starter dual encoder (MiniLM text + EfficientNet-Lite0 image) as a bundle."""
     if (train or set_ or run_dir) and not robust:
         raise UserError("--train, --set and --run-dir apply to --robust only")
-    from training.export.starter import ROBUST_LAYERS, build_starter  # torch
+    from paraseek.training.export.starter import ROBUST_LAYERS, build_starter  # torch
 
     settings = Settings()
     out = out or (settings.robust_starter_bundle_dir if robust else settings.plain_starter_bundle_dir)
@@ -51,7 +51,7 @@ def build_starter_cmd(
     if robust:
         layers = ROBUST_LAYERS
         if train:
-            from training.robust import train_robust_layers  # torch
+            from paraseek.training.robust import train_robust_layers  # torch
 
             layers = train_robust_layers(settings, run_dir or settings.home / "runs" / "robust-starter", set_)
     manifest = build_starter(out, int8=int8, tuned_layers=layers)
@@ -74,7 +74,7 @@ def export_openclip_cmd(
     """Export an open_clip model (both towers) to a bundle."""
     if not model and model_config is None:
         raise UserError("give an open_clip model name or --model-config")
-    from training.export.openclip import export_open_clip  # torch
+    from paraseek.training.export.openclip import export_open_clip  # torch
 
     manifest = export_open_clip(
         model, out, pretrained=pretrained, model_config=model_config, name=name, version=version,
@@ -116,7 +116,7 @@ def export_hf_cmd(
     version: str = typer.Option("1"),
 ):
     """Export a Hugging Face sentence encoder (mean pooling) to a text bundle."""
-    from training.export.hf_text import export_hf_text  # torch
+    from paraseek.training.export.hf_text import export_hf_text  # torch
 
     manifest = export_hf_text(model_dir, out, name=name, version=version, image_space=image_space)
     _quantize(out, int8)
@@ -163,7 +163,7 @@ def train_cmd(
         console.print("\n".join(list_recipes()))
         return
     spec = load_recipe(recipe, set_)  # validated before torch is imported
-    from training.trainer import train  # torch
+    from paraseek.training.trainer import train  # torch
 
     result = train(spec, output, max_steps=max_steps)
     console.print(f"{result.steps} steps, loss {result.first_loss:.4f} -> {result.last_loss:.4f}; run in {result.run_dir}")

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from core.errors import UserError
-from core.encoder import Encoder
-from core.settings import Settings
-from evaluation.data import read_caption_groups
-from index.builder import embed_records
-from index.image_sources import open_source
-from paraphrase import ParaphraseSource
-from paraphrase.factory import make_source
-from training.recipe import DataSpec, ParaphraseSpec
+from paraseek.core.errors import UserError
+from paraseek.core.encoder import Encoder
+from paraseek.core.settings import Settings
+from paraseek.evaluation.data import read_caption_groups
+from paraseek.index.builder import embed_records
+from paraseek.index.image_sources import open_source
+from paraseek.paraphrase import ParaphraseSource
+from paraseek.paraphrase.factory import make_source
+from paraseek.training.recipe import DataSpec, ParaphraseSpec
 
 log = logging.getLogger(__name__)
 

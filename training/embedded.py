@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from core.bundle import read_manifest
-from core.encoder import Encoder
-from core.errors import UserError
-from core.settings import Settings
-from index.builder import copy_snapshot
-from index.demo import build_demo_snapshot
-from index.snapshot import Snapshot, current_version
-from index.backends import store_from_settings
-from paraphrase.caption_bank import bank_dir, default_bank
+from paraseek.core.bundle import read_manifest
+from paraseek.core.encoder import Encoder
+from paraseek.core.errors import UserError
+from paraseek.core.settings import Settings
+from paraseek.index.builder import copy_snapshot
+from paraseek.index.demo import build_demo_snapshot
+from paraseek.index.snapshot import Snapshot, current_version
+from paraseek.index.backends import store_from_settings
+from paraseek.paraphrase.caption_bank import bank_dir, default_bank
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
     if rebuild or not (bundle / "manifest.json").is_file():
         try:
             # torch, lazily: only building the starter needs it
-            from training.export.starter import ROBUST_LAYERS, build_starter
+            from paraseek.training.export.starter import ROBUST_LAYERS, build_starter
         except ImportError as exc:
             raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
         log.warning("building the %s starter bundle in %s ...", settings.starter, bundle)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -14,16 +14,16 @@ import copy
 import shutil
 from pathlib import Path
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from core.bundle import BundleManifest, read_manifest
-from core.tokenizer import load_tokenizer
-from training.export.manifest import IMAGE_FILE
-from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, mean_pool
+from paraseek.core.bundle import BundleManifest, read_manifest
+from paraseek.core.tokenizer import load_tokenizer
+from paraseek.training.export.manifest import IMAGE_FILE
+from paraseek.training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, mean_pool
 
 
 class TextTower(nn.Module):
@@ -77,7 +77,7 @@ class OpenClipText(TextTower):
         import open_clip
 
         # open_clip, lazily: a heavy optional dependency only open_clip towers need
-        from training.export.openclip import ClipTextTower, load_open_clip, open_clip_image_space
+        from paraseek.training.export.openclip import ClipTextTower, load_open_clip, open_clip_image_space
 
         self.model, cfg = load_open_clip(model_name, pretrained, model_config)
         self.model_name = model_name or Path(model_config or "open_clip").stem
@@ -106,7 +106,7 @@ class OpenClipText(TextTower):
         return self.tower(input_ids)
 
     def export(self, out_dir, *, name, version, source):
-        from training.export.openclip import export_open_clip_model
+        from paraseek.training.export.openclip import export_open_clip_model
 
         pp = getattr(self.model.visual, "preprocess_cfg", None) or {}
         size = self.model.visual.image_size

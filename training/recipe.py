@@ -9,7 +9,7 @@ from typing import Literal, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from core.errors import UserError
+from paraseek.core.errors import UserError
 
 
 class RecipeError(UserError):

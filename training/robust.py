@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from core.settings import Settings
-from training.export.starter import save_tuned_layers
-from training.recipe import load_recipe
-from training.trainer import Trainer
+from paraseek.core.settings import Settings
+from paraseek.training.export.starter import save_tuned_layers
+from paraseek.training.recipe import load_recipe
+from paraseek.training.trainer import Trainer
 
 RECIPE = "robust-starter"
 # how the shipped layers were measured; a user's own run is measured with the same command

@@ -19,22 +19,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from core.errors import UserError
-from core.bundle import read_manifest
-from core.encoder import Encoder
-from core.settings import Settings
-from paraphrase.caption_bank import CaptionBank
-from training.export.hf_text import minilm_dir
-from training.export.starter import ensure_starter_bundle
-from training.data import TrainingData, difference_batch, load_training_data, sample_batch
-from training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
-from training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
-from training.recipe import Recipe
+from paraseek.core.errors import UserError
+from paraseek.core.bundle import read_manifest
+from paraseek.core.encoder import Encoder
+from paraseek.core.settings import Settings
+from paraseek.paraphrase.caption_bank import CaptionBank
+from paraseek.training.export.hf_text import minilm_dir
+from paraseek.training.export.starter import ensure_starter_bundle
+from paraseek.training.data import TrainingData, difference_batch, load_training_data, sample_batch
+from paraseek.training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
+from paraseek.training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
+from paraseek.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"

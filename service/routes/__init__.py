@@ -1,1 +1,1 @@
-"""Routers, one module per resource; ``service.main`` assembles them."""
+"""Routers, one module per resource; ``paraseek.service.main`` assembles them."""

@@ -5,13 +5,13 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, HTTPException
 
-from core.bundle import BundleError
-from core.settings import Settings
-from index.image_sources import resolve_within, source_paths
-from service.deps import get_engine, get_jobs, get_settings, require_admin
-from service.engine import Active, RequestError, SearchEngine, StaleSwap, load_encoder
-from service.jobs import JobManager
-from service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
+from paraseek.core.bundle import BundleError
+from paraseek.core.settings import Settings
+from paraseek.index.image_sources import resolve_within, source_paths
+from paraseek.service.deps import get_engine, get_jobs, get_settings, require_admin
+from paraseek.service.engine import Active, RequestError, SearchEngine, StaleSwap, load_encoder
+from paraseek.service.jobs import JobManager
+from paraseek.service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 from fastapi import APIRouter, Depends, Response
 
-from service.deps import get_engine
-from service.engine import SearchEngine
-from service.schemas import EmbeddingsRequest, EmbeddingsResponse, error_responses
+from paraseek.service.deps import get_engine
+from paraseek.service.engine import SearchEngine
+from paraseek.service.schemas import EmbeddingsRequest, EmbeddingsResponse, error_responses
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 

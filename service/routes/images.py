@@ -7,10 +7,10 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from core.images import image_media_type
-from service.deps import get_engine
-from service.engine import SearchEngine
-from service.schemas import error_responses
+from paraseek.core.images import image_media_type
+from paraseek.service.deps import get_engine
+from paraseek.service.engine import SearchEngine
+from paraseek.service.schemas import error_responses
 
 router = APIRouter(prefix="/v1", tags=["images"])
 

@@ -4,9 +4,9 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.deps import get_engine
-from service.engine import SearchEngine
-from service.schemas import error_responses
+from paraseek.service.deps import get_engine
+from paraseek.service.engine import SearchEngine
+from paraseek.service.schemas import error_responses
 
 router = APIRouter(tags=["info"])
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from core.settings import Settings
-from service.deps import get_engine, get_settings
-from service.engine import RequestError, SearchEngine
-from service.schemas import (
+from paraseek.core.settings import Settings
+from paraseek.service.deps import get_engine, get_settings
+from paraseek.service.engine import RequestError, SearchEngine
+from paraseek.service.schemas import (
     BatchSearchRequest,
     BatchSearchResponse,
     ImageSearchRequest,

@@ -3,8 +3,8 @@ import shutil
 
 import pytest
 
-from core.bundle import BundleError, read_manifest
-from core.encoder import Encoder
+from paraseek.core.bundle import BundleError, read_manifest
+from paraseek.core.encoder import Encoder
 
 
 @pytest.fixture()
@@ -63,7 +63,7 @@ def test_int8_requires_an_int8_tower(tiny_clip):
     (0.995, None, None, "fp32"),                   # never evaluated
 ])
 def test_auto_precision_serves_int8_only_when_it_agrees_and_loses_nothing(cosine, ao, r10, serves):
-    from core.bundle import BundleManifest, Int8Evaluation, QuantizedSpec, TokenizerSpec, TowerSpec, resolve_precision
+    from paraseek.core.bundle import BundleManifest, Int8Evaluation, QuantizedSpec, TokenizerSpec, TowerSpec, resolve_precision
 
     evaluation = None if ao is None else Int8Evaluation(
         pairs="p.tsv", images="i.json", ao_at_10={"fp32": ao[0], "int8": ao[1]}, t2i_r_at_10={"fp32": r10[0], "int8": r10[1]})

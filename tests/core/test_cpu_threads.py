@@ -6,7 +6,7 @@ from threadpoolctl import threadpool_info
 
 import pytest
 
-from core.cpu_threads import limit_pthread_blas, openmp_thread_share
+from paraseek.core.cpu_threads import limit_pthread_blas, openmp_thread_share
 
 
 def _blas_threads() -> dict[str, int]:
@@ -34,7 +34,7 @@ def test_openmp_thread_share_reads_a_positive_count(monkeypatch, value, share):
 
 
 def test_encoders_default_to_the_openmp_share_and_explicit_threads_win(starter_bundle, monkeypatch):
-    from core.encoder import Encoder
+    from paraseek.core.encoder import Encoder
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     enc = Encoder(starter_bundle, load_image=False)

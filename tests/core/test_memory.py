@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.encoder import Encoder
+from paraseek.core.encoder import Encoder
 
 
 _RELEASE_SCRIPT = """
-from core.memory import limit_malloc_arenas, release_free_memory
+from paraseek.core.memory import limit_malloc_arenas, release_free_memory
 
 def rss_mb():
     for line in open("/proc/self/status"):
@@ -41,8 +41,8 @@ def test_release_returns_freed_heap_to_the_os():
 
 
 def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_path):
-    from core.settings import Settings
-    from service.engine import load_encoder
+    from paraseek.core.settings import Settings
+    from paraseek.service.engine import load_encoder
 
     enc = load_encoder(starter_bundle, Settings(home=tmp_path))
     assert enc.memory_arena is False
@@ -54,8 +54,8 @@ def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_pa
 
 
 def test_server_encoders_get_a_solo_session_on_every_core_for_lone_calls(starter_bundle, tmp_path, monkeypatch):
-    from core.settings import Settings
-    from service.engine import load_encoder
+    from paraseek.core.settings import Settings
+    from paraseek.service.engine import load_encoder
 
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     enc = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2))
@@ -89,8 +89,8 @@ def _spin_config(session) -> tuple[bool, bool]:
 
 def test_server_encoders_sleep_between_calls_and_the_solo_session_spins_only_within_one(starter_bundle, tmp_path,
                                                                                       monkeypatch):
-    from core.settings import Settings
-    from service.engine import load_encoder
+    from paraseek.core.settings import Settings
+    from paraseek.service.engine import load_encoder
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     # the workers' sessions sleep: the event loop and the index need the cores; the solo session's

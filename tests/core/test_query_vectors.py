@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from core.query_vectors import mean_fusion, rocchio, weighted_fusion
+from paraseek.core.query_vectors import mean_fusion, rocchio, weighted_fusion
 
 
 def unit(*v):

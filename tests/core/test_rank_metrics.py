@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from core.rank_metrics import average_overlap, jaccard_at_k, overlap_recall, retrieval_recall
+from paraseek.core.rank_metrics import average_overlap, jaccard_at_k, overlap_recall, retrieval_recall
 
 
 def test_identical_lists_score_one():

@@ -5,11 +5,11 @@ import logging
 import numpy as np
 import pytest
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import open_clip
 
-from core.encoder import Encoder
-from core.tokenizer import EmptyTextError
+from paraseek.core.encoder import Encoder
+from paraseek.core.tokenizer import EmptyTextError
 
 TRICKY = [
     "A photo of a dog.",
@@ -73,8 +73,8 @@ def test_fingerprints_follow_the_token_ids_not_the_text(starter_bundle, tmp_path
     (export-hf keeps a cased model's tokenizer as it is) to two; special tokens are not text."""
     import json
 
-    from core.bundle import read_manifest
-    from core.tokenizer import BundleTokenizer
+    from paraseek.core.bundle import read_manifest
+    from paraseek.core.tokenizer import BundleTokenizer
 
     manifest = read_manifest(starter_bundle, verify=False)
     uncased = BundleTokenizer(starter_bundle / "tokenizer.json", manifest.max_tokens, "none", 0)

@@ -46,7 +46,7 @@ def test_api_deployment_probes_resources_and_volume():
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "paraseek-data"
     cfg = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
-    from core.settings import Settings
+    from paraseek.core.settings import Settings
 
     fields = {f"PARASEEK_{name.upper()}" for name in Settings.model_fields}
     assert set(cfg) <= fields, set(cfg) - fields  # every configured variable is a real setting
@@ -62,7 +62,7 @@ def test_gpu_overlay_requests_a_gpu():
 
 
 def test_milvus_overlay_points_the_api_at_milvus():
-    from core.settings import Settings
+    from paraseek.core.settings import Settings
 
     docs = render("milvus")
     cfg = next(d for d in docs if d["kind"] == "ConfigMap")["data"]

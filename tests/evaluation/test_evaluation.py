@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from paraseek.cli import app
-from evaluation import perturb
-from evaluation.data import DataError, read_pairs, read_sts
-from evaluation.retrieval import cross_modal_recall
+from paraseek.evaluation import perturb
+from paraseek.evaluation.data import DataError, read_pairs, read_sts
+from paraseek.evaluation.retrieval import cross_modal_recall
 
 
 def test_reproduces_real_clip_recall(shared_data):
@@ -35,7 +35,7 @@ def test_recall_with_several_captions_per_image():
 
 
 def test_sts_of_starter_text_tower(starter_encoder, shared_data):
-    from evaluation.sts import evaluate_sts
+    from paraseek.evaluation.sts import evaluate_sts
 
     r = evaluate_sts(starter_encoder, read_sts(shared_data / "sts/sts-dev.csv"))
     assert r["pairs"] == 1500
@@ -66,8 +66,8 @@ def test_perturbations_are_seeded_and_change_text(name):
 
 def test_synonym_perturbation_uses_wordnet(shared_data, monkeypatch):
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
-    from core.settings import Settings
-    from paraphrase.factory import make_source
+    from paraseek.core.settings import Settings
+    from paraseek.paraphrase.factory import make_source
 
     fn = perturb.perturbations(make_source("wordnet", Settings(), usual_only=False))["synonym"]
     out = fn("a large dog runs on the grass", random.Random(0))
@@ -76,8 +76,8 @@ def test_synonym_perturbation_uses_wordnet(shared_data, monkeypatch):
 
 def test_perturbation_suite_and_paraphrase_cli(starter_bundle, shared_data, tmp_path, monkeypatch):
     """The CLI end to end on a COCO-mini snapshot: perturbations lower recall; paraphrase report files."""
-    from index.builder import build_snapshot
-    from core.encoder import Encoder
+    from paraseek.index.builder import build_snapshot
+    from paraseek.core.encoder import Encoder
 
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
     snap = tmp_path / "snap"
@@ -129,12 +129,12 @@ def test_eval_errors_are_clear(tmp_path):
 def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_data, tmp_path):
     """compare adds a row per expansion; the distinct-image count equals an independent count over the
     top-10 lists, and an expansion computed by the harness equals its hand computation."""
-    from core.encoder import Encoder
-    from evaluation.expansion import parse_expansion
-    from evaluation.paraphrase import evaluate_pairs
-    from index.builder import build_snapshot
-    from index.snapshot import Snapshot
-    from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
+    from paraseek.core.encoder import Encoder
+    from paraseek.evaluation.expansion import parse_expansion
+    from paraseek.evaluation.paraphrase import evaluate_pairs
+    from paraseek.index.builder import build_snapshot
+    from paraseek.index.snapshot import Snapshot
+    from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
 
     enc = Encoder(starter_bundle)
     bank = CaptionBank.build(enc, read_caption_texts(DEFAULT_TEXTS)[:300], tmp_path / "bank")

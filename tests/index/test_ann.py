@@ -6,11 +6,11 @@ import faiss
 import numpy as np
 import pytest
 
-from core.rank_metrics import overlap_recall
-from index.builder import build_snapshot_from_vectors
-from index.faiss_index import ExactVectors, IndexSpec, apply_search_params, create_index, exact_search, search, train_and_add
-from index.faiss_index import search_threads, set_threads, split_scan, tune_for_recall
-from index.snapshot import Snapshot
+from paraseek.core.rank_metrics import overlap_recall
+from paraseek.index.builder import build_snapshot_from_vectors
+from paraseek.index.faiss_index import ExactVectors, IndexSpec, apply_search_params, create_index, exact_search, search, train_and_add
+from paraseek.index.faiss_index import search_threads, set_threads, split_scan, tune_for_recall
+from paraseek.index.snapshot import Snapshot
 
 
 def _clustered(n: int, dim: int, seed: int, centres: int = 64, noise: float = 0.6) -> np.ndarray:
@@ -168,7 +168,7 @@ def test_split_scan_finds_what_one_scan_finds(parts, n_queries):
 def test_a_flat_snapshot_splits_a_few_queries_scan_among_its_threads(collection, tmp_path, monkeypatch):
     """With one thread set for the calling thread a flat snapshot searches as faiss does; with more, a
     search of 1-3 queries splits the collection among them, with the same answer."""
-    import index.snapshot as snapshot_module
+    import paraseek.index.snapshot as snapshot_module
 
     vectors, _, queries, _ = collection
     src = tmp_path / "vecs.npy"

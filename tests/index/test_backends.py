@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from index.builder import copy_snapshot, update_snapshot
-from index.versions import VersionDraft
-from index.faiss_index import IndexSpec
-from index.filters import FilterError, SearchFilter, caption_text, licence_id
-from index.snapshot import FaissStore
-from index.versions import BundleRef, SnapshotError
-from index.store import SnapshotStore
+from paraseek.index.builder import copy_snapshot, update_snapshot
+from paraseek.index.versions import VersionDraft
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.filters import FilterError, SearchFilter, caption_text, licence_id
+from paraseek.index.snapshot import FaissStore
+from paraseek.index.versions import BundleRef, SnapshotError
+from paraseek.index.store import SnapshotStore
 
 BOTH_BACKENDS = True
 REF = BundleRef(name="synthetic", version="1", image_space="test/space")
@@ -109,7 +109,7 @@ def test_filtered_search_is_the_exact_top_k_among_matches(backend, tmp_path, req
 def test_filters_on_approximate_indexes_search_only_matches(backend, tmp_path, request, kind):
     """Few matches: an exact scan of them (FAISS); many: the ANN searched with an id selector, or
     Milvus' own filtered search. Either way every result matches and recall stays high."""
-    from index import snapshot as faiss_snapshot
+    from paraseek.index import snapshot as faiss_snapshot
 
     vectors, ids, rows = synthetic(n=4000)
     store = make_store(backend, tmp_path, request)
@@ -160,7 +160,7 @@ def test_publication_is_atomic_and_a_failed_build_leaves_nothing(backend, tmp_pa
 
     # a build that fails midway (after some rows went in) leaves no trace and never becomes current
     if backend == "milvus":
-        from index import milvus_store
+        from paraseek.index import milvus_store
 
         original = milvus_store.MilvusStore._insert
 
@@ -171,7 +171,7 @@ def test_publication_is_atomic_and_a_failed_build_leaves_nothing(backend, tmp_pa
         monkeypatch.setattr(milvus_store.MilvusStore, "_insert", fail_midway)
         names_before = set(store.client.list_collections())
     else:
-        from index import snapshot as faiss_snapshot
+        from paraseek.index import snapshot as faiss_snapshot
 
         def fail_midway(*args, **kwargs):
             raise RuntimeError("the disk filled up mid-build")
@@ -192,10 +192,10 @@ def test_publication_is_atomic_and_a_failed_build_leaves_nothing(backend, tmp_pa
 KILLED_BUILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {root!r})
-    from index.milvus_store import MilvusStore
-    from index.faiss_index import IndexSpec
-    from index.versions import BundleRef, VersionDraft
-    from index import milvus_store
+    from paraseek.index.milvus_store import MilvusStore
+    from paraseek.index.faiss_index import IndexSpec
+    from paraseek.index.versions import BundleRef, VersionDraft
+    from paraseek.index import milvus_store
     store = MilvusStore({uri!r}, prefix={prefix!r})
     original = milvus_store.MilvusStore._insert
     def slow(self, name, ids, vectors, metadata, on_rows=None):
@@ -216,7 +216,7 @@ KILLED_BUILD = textwrap.dedent("""
 def test_a_build_killed_midway_never_becomes_current(milvus_server, tmp_path):
     """kill -9 of a process building into Milvus (a server: another process can look meanwhile): the
     alias still names the old version, and the next store to open removes the half-built collection."""
-    from index.milvus_store import MilvusStore
+    from paraseek.index.milvus_store import MilvusStore
 
     store = MilvusStore(milvus_server["uri"], prefix="killed")
     vectors, ids, rows = synthetic(n=300)
@@ -247,7 +247,7 @@ def test_a_build_killed_midway_never_becomes_current(milvus_server, tmp_path):
 def test_update_and_copy_between_backends(backend, tmp_path, request, starter_encoder, shared_data):
     """Add and remove images on either backend, then copy the result to the other backend: same
     vectors, same metadata, same answers."""
-    from index.builder import build_snapshot
+    from paraseek.index.builder import build_snapshot
 
     store = make_store(backend, tmp_path, request)
     build_snapshot(shared_data / "coco-mini/captions_val2017.json", starter_encoder, store, progress=False)
@@ -276,7 +276,7 @@ def test_update_and_copy_between_backends(backend, tmp_path, request, starter_en
 def test_precomputed_vectors_build_into_either_backend(backend, tmp_path, request):
     """Shards of vectors computed elsewhere (with user columns) index into the store, are refused to a
     bundle of another image space, and filter on their user fields."""
-    from index.builder import build_snapshot_from_vectors
+    from paraseek.index.builder import build_snapshot_from_vectors
     from tests.index.test_vector_sources import write_shards
 
     vectors = write_shards(tmp_path / "emb")
@@ -296,8 +296,8 @@ def test_precomputed_vectors_build_into_either_backend(backend, tmp_path, reques
 
 
 def test_index_types_map_to_milvus_or_say_they_cannot():
-    from core.errors import UserError
-    from index.milvus_store import native_index
+    from paraseek.core.errors import UserError
+    from paraseek.index.milvus_store import native_index
 
     assert native_index(IndexSpec(type="ivf_flat", nlist=8, nprobe=4)) == ("IVF_FLAT", {"nlist": 8}, {"nprobe": 4})
     with pytest.raises(UserError, match="'ivf_fp16' has no Milvus counterpart"):
@@ -310,8 +310,8 @@ def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path
     once, answer exactly what one thread does."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from index import milvus_store
-    from index import snapshot as faiss_snapshot
+    from paraseek.index import milvus_store
+    from paraseek.index import snapshot as faiss_snapshot
 
     monkeypatch.setattr(faiss_snapshot, "SMALL_MATCH", 100)  # FAISS: the id-selector path, built on first use
     monkeypatch.setattr(milvus_store, "METADATA_CACHE", 64)  # Milvus: an LRU evicting all the time
@@ -382,7 +382,7 @@ def test_two_processes_building_into_one_faiss_root(tmp_path):
 
 
 def test_two_processes_building_into_one_milvus_collection(milvus_server, tmp_path):
-    from index.milvus_store import MilvusStore
+    from paraseek.index.milvus_store import MilvusStore
 
     done = _two_writers(tmp_path, ["--backend", "milvus", "--uri", milvus_server["uri"], "--collection", "race"])
     assert all(p.returncode == 0 for p in done), [p.stdout[-2000:] for p in done]
@@ -391,7 +391,7 @@ def test_two_processes_building_into_one_milvus_collection(milvus_server, tmp_pa
 
 
 def test_a_staging_folder_is_never_taken_over(tmp_path):
-    from index.snapshot import begin_version, clean_stale_staging, staging_dir
+    from paraseek.index.snapshot import begin_version, clean_stale_staging, staging_dir
 
     root = tmp_path / "snap"
     first, stage = begin_version(root)

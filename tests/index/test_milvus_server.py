@@ -9,11 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from index.builder import copy_snapshot
-from index.faiss_index import IndexSpec
-from index.filters import FilterError, SearchFilter
-from index.milvus_store import MilvusStore
-from index.snapshot import Snapshot
+from paraseek.index.builder import copy_snapshot
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.filters import FilterError, SearchFilter
+from paraseek.index.milvus_store import MilvusStore
+from paraseek.index.snapshot import Snapshot
 from paraseek.cli import app
 from tests.conftest import COCO_VAL_JSON
 from tests.index.test_backends import REF, brute_force, publish, synthetic
@@ -21,7 +21,7 @@ from tests.index.test_backends import REF, brute_force, publish, synthetic
 
 @pytest.fixture(scope="module")
 def demo_snapshot(starter_encoder, tmp_path_factory):
-    from index.demo import build_demo_snapshot
+    from paraseek.index.demo import build_demo_snapshot
 
     root = tmp_path_factory.mktemp("demo-snap")
     build_demo_snapshot(starter_encoder, root, progress=False)
@@ -76,8 +76,8 @@ def test_a_new_version_moves_the_alias_and_the_old_one_stays_loadable(milvus_sta
 
 
 def test_the_service_serves_from_a_real_server(milvus_standalone, starter_bundle, demo_snapshot, tmp_path):
-    from core.settings import Settings
-    from service.main import create_app
+    from paraseek.core.settings import Settings
+    from paraseek.service.main import create_app
 
     store = MilvusStore(milvus_standalone.uri, prefix="served")
     copy_snapshot(Snapshot.load(demo_snapshot), store)
@@ -101,7 +101,7 @@ def test_two_replicas_follow_one_engine_through_a_reindex(milvus_standalone, sta
 
     import httpx
 
-    from loadtests.server import start_server
+    from paraseek.loadtests.server import start_server
 
     copy_snapshot(Snapshot.load(demo_snapshot), MilvusStore(milvus_standalone.uri, prefix="replicas"))
     env = {"PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_INDEX_BACKEND": "milvus", "PARASEEK_MILVUS_URI": milvus_standalone.uri,

@@ -6,13 +6,13 @@ import shutil
 import numpy as np
 import pytest
 
-from index.builder import build_snapshot, update_snapshot
-from index.versions import BuildError
-from index.faiss_index import IndexSpec
-from index.snapshot import Snapshot, current_version
-from index.versions import SnapshotError
-from index.image_sources import ImageSourceError, open_source
-from core.encoder import Encoder
+from paraseek.index.builder import build_snapshot, update_snapshot
+from paraseek.index.versions import BuildError
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.snapshot import Snapshot, current_version
+from paraseek.index.versions import SnapshotError
+from paraseek.index.image_sources import ImageSourceError, open_source
+from paraseek.core.encoder import Encoder
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_stale_staging_folders_are_cleaned_but_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from index.snapshot import OWNER, clean_stale_staging, staging_dir
+    from paraseek.index.snapshot import OWNER, clean_stale_staging, staging_dir
 
     root = tmp_path / "snap"
     live = staging_dir(root, "v0003-live")  # owned by this (running) process
@@ -207,8 +207,8 @@ def test_stale_staging_folders_are_cleaned_but_live_ones_kept(tmp_path):
 
 
 def test_prune_keeps_newest_current_and_the_one_before(starter_encoder, tmp_path, shared_data):
-    from index.builder import build_snapshot, update_snapshot
-    from index.snapshot import activate_version, current_version, prune_versions
+    from paraseek.index.builder import build_snapshot, update_snapshot
+    from paraseek.index.snapshot import activate_version, current_version, prune_versions
 
     root = tmp_path / "snap"
     build_snapshot(shared_data / "coco-mini/captions_train2017.json", starter_encoder, root, progress=False)

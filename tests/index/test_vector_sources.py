@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from index.builder import build_snapshot_from_vectors, export_snapshot_vectors
-from index.versions import BuildError
-from index.faiss_index import IndexSpec
-from index.snapshot import Snapshot, current_version
-from index.vector_sources import VectorSourceError
+from paraseek.index.builder import build_snapshot_from_vectors, export_snapshot_vectors
+from paraseek.index.versions import BuildError
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.snapshot import Snapshot, current_version
+from paraseek.index.vector_sources import VectorSourceError
 from paraseek.cli import app
 
 SPACE = "test/space"
@@ -164,8 +164,8 @@ def test_cli_needs_one_source_and_an_image_space(tmp_path, monkeypatch):
 MEMORY_CAPPED_BUILD = """
 import mmap, resource, sys
 import numpy as np
-from index.builder import build_snapshot_from_vectors
-from index.faiss_index import IndexSpec
+from paraseek.index.builder import build_snapshot_from_vectors
+from paraseek.index.faiss_index import IndexSpec
 import faiss
 # BLAS sets up its buffers on first use and crashes rather than raises when that fails: warm it up first
 faiss.Kmeans(256, 64, niter=2).train(np.random.default_rng(0).random((64 * 39, 256), dtype=np.float32))

@@ -1,6 +1,6 @@
 """The backend benchmark runs end to end on a small collection and prints both backends side by side."""
 
-from loadtests.bench_backends import main
+from paraseek.loadtests.bench_backends import main
 
 
 def test_bench_backends_prints_both_backends_and_ratios(shared_data, capsys):

@@ -5,7 +5,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtests.server import ServerNotReady, start_server
+from paraseek.loadtests.server import ServerNotReady, start_server
 
 # a stand-in checkout: its `paraseek serve` answers /readyz and says which file it runs from
 FAKE_CLI = textwrap.dedent('''

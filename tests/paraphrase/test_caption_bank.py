@@ -5,8 +5,8 @@ import gzip
 import numpy as np
 import pytest
 
-from core.query_vectors import mean_fusion
-from paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, CaptionBankError, read_caption_texts
+from paraseek.core.query_vectors import mean_fusion
+from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, CaptionBankError, read_caption_texts
 
 
 class FakeEncoder:

@@ -4,13 +4,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from paraphrase import ParaphraseSourceUnavailable, substitution_variants
+from paraseek.paraphrase import ParaphraseSourceUnavailable, substitution_variants
 
 
 @pytest.fixture()
 def wordnet(shared_data, monkeypatch):
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
-    from paraphrase.wordnet import WordNetSource
+    from paraseek.paraphrase.wordnet import WordNetSource
 
     return WordNetSource()
 
@@ -46,8 +46,8 @@ def test_wordnet_is_safe_under_concurrent_requests(wordnet):
 
 
 def test_unconfigured_sources_say_so(tmp_path):
-    from paraphrase.llm import ChatClient
-    from paraphrase.ppdb import PPDBSource
+    from paraseek.paraphrase.llm import ChatClient
+    from paraseek.paraphrase.ppdb import PPDBSource
 
     with pytest.raises(ParaphraseSourceUnavailable, match="PPDB"):
         PPDBSource(None)
@@ -58,7 +58,7 @@ def test_unconfigured_sources_say_so(tmp_path):
 
 
 def test_ppdb_drops_inflections(shared_data):
-    from paraphrase.ppdb import PPDBSource
+    from paraseek.paraphrase.ppdb import PPDBSource
 
     ppdb = PPDBSource(shared_data / "paraphrase/ppdb_lexical_synonyms.tsv", usual_only=False)
     syn = ppdb.synonyms("dog")
@@ -66,8 +66,8 @@ def test_ppdb_drops_inflections(shared_data):
 
 
 def test_ppdb_rewrites_only_toward_more_usual_caption_wording(shared_data):
-    from paraphrase.caption_bank import caption_word_counts
-    from paraphrase.ppdb import PPDBSource
+    from paraseek.paraphrase.caption_bank import caption_word_counts
+    from paraseek.paraphrase.ppdb import PPDBSource
 
     ppdb = PPDBSource(shared_data / "paraphrase/ppdb_lexical_synonyms.tsv")
     counts = caption_word_counts()

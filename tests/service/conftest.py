@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from core.net import free_port, wait_listening
-from loadtests.server import ServerNotReady, start_server
-from index.demo import build_demo_snapshot
+from paraseek.core.net import free_port, wait_listening
+from paraseek.loadtests.server import ServerNotReady, start_server
+from paraseek.index.demo import build_demo_snapshot
 
 ADMIN_TOKEN = "s3cret-admin-token"
 
@@ -49,7 +49,7 @@ def snapshot_copy(demo_snapshot, tmp_path) -> Path:
 def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path, backend, request):
     """Settings of an app under test. On the milvus backend the snapshot named (default: the demo) is
     copied into a collection prefix of the test's own in the session's Milvus Lite, and served from there."""
-    from core.settings import Settings
+    from paraseek.core.settings import Settings
 
     os.environ.setdefault("NLTK_DATA", str(shared_data / "nltk_data"))
 
@@ -73,9 +73,9 @@ def milvus_env(uri: str, snapshot: Path) -> dict:
 
 def milvus_settings(uri: str, snapshot: Path) -> dict:
     """Settings serving a copy of a FAISS snapshot's current version from a fresh Milvus collection prefix."""
-    from index.builder import copy_snapshot
-    from index.milvus_store import MilvusStore
-    from index.snapshot import FaissStore, Snapshot
+    from paraseek.index.builder import copy_snapshot
+    from paraseek.index.milvus_store import MilvusStore
+    from paraseek.index.snapshot import FaissStore, Snapshot
     from tests.conftest import fresh_prefix
 
     prefix = fresh_prefix()
@@ -87,7 +87,7 @@ def milvus_settings(uri: str, snapshot: Path) -> dict:
 
 @pytest.fixture()
 def client(make_settings):
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     with TestClient(create_app(make_settings())) as c:
         yield c

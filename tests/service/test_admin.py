@@ -5,7 +5,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from service.main import create_app
+from paraseek.service.main import create_app
 from tests.service.conftest import ADMIN_TOKEN
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -88,7 +88,7 @@ def _reload_checks(client, tiny_clip, starter_bundle):
 
 def test_replica_follows_current_written_elsewhere(make_settings, snapshot_copy, starter_encoder, shared_data):
     """Another replica (or a CLI job) publishes a new version: this one swaps to it by itself."""
-    from index.builder import build_snapshot
+    from paraseek.index.builder import build_snapshot
 
     with TestClient(create_app(make_settings(snapshot=snapshot_copy, snapshot_poll_s=0.2))) as c:
         before = c.get("/v1/info").json()["snapshot"]
@@ -104,8 +104,8 @@ def test_replica_follows_current_written_elsewhere(make_settings, snapshot_copy,
 
 def test_finished_jobs_are_evicted_oldest_first(make_settings, snapshot_copy):
     """Past ``max_jobs`` records, the oldest finished jobs are forgotten; the newest stay readable."""
-    from service.jobs import JobManager
-    from service.schemas import ReindexRequest
+    from paraseek.service.jobs import JobManager
+    from paraseek.service.schemas import ReindexRequest
 
     with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
         jobs = JobManager(c.app.state.engine, max_jobs=4)
@@ -200,7 +200,7 @@ def test_the_job_reads_the_resolved_source_and_checks_it_again(make_settings, sn
     still lie inside the root, so a link swapped in after the request was checked is refused."""
     import shutil
 
-    from index.image_sources import ImageSourceError, open_source
+    from paraseek.index.image_sources import ImageSourceError, open_source
 
     root = tmp_path / "root"
     (root / "real").mkdir(parents=True)
@@ -222,7 +222,7 @@ def test_the_job_reads_the_resolved_source_and_checks_it_again(make_settings, sn
         open_source(f"{root}/real/{{a,b}}.tar", within=[root])  # the shards would be read through the link
     with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
         app_jobs = c.app.state.jobs
-        from service.schemas import ReindexRequest
+        from paraseek.service.schemas import ReindexRequest
 
         before = c.get("/v1/info").json()["snapshot"]["version"]
         queued = app_jobs.submit_reindex(ReindexRequest(source=str(root / "real")), within=[root])
@@ -238,7 +238,7 @@ def test_a_reload_during_a_reindex_is_not_reverted(make_settings, snapshot_copy,
     why, with its version written but not published."""
     import threading
 
-    from service import jobs as jobs_module
+    from paraseek.service import jobs as jobs_module
 
     building, release = threading.Event(), threading.Event()
     real_build = jobs_module.build_snapshot
@@ -268,7 +268,7 @@ def test_a_reload_during_a_reindex_is_not_reverted(make_settings, snapshot_copy,
 
 
 def test_a_swap_that_lost_the_race_changes_nothing(client):
-    from service.engine import Active, StaleSwap
+    from paraseek.service.engine import Active, StaleSwap
 
     engine = client.app.state.engine
     served = engine.active

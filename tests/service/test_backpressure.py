@@ -13,9 +13,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from paraphrase.llm import ChatClient, JsonlCache, LLMError, LLMSource
-from service.batcher import ContinuousBatcher, Overloaded
-from service.main import create_app
+from paraseek.paraphrase.llm import ChatClient, JsonlCache, LLMError, LLMSource
+from paraseek.service.batcher import ContinuousBatcher, Overloaded
+from paraseek.service.main import create_app
 
 SLOW_LLM = {"query": "a dog on a beach", "k": 3, "expansion": {"method": "llm", "n": 2}}
 

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from service.batcher import ContinuousBatcher, LoneCallGate, encode_texts, search_rows
+from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, encode_texts, search_rows
 
 
 class FakeEncoder:
@@ -309,9 +309,9 @@ def test_a_call_that_starts_beside_another_runs_on_its_share_without_waiting():
 def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_path):
     """The solo session (every core) serves the service's only request in flight; calls made while
     other requests are being answered, or of many texts, stay on the workers' single-threaded session."""
-    from core.settings import Settings
-    from service.engine import SOLO_MAX_TEXTS, SearchEngine
-    from service.prometheus import ServiceMetrics
+    from paraseek.core.settings import Settings
+    from paraseek.service.engine import SOLO_MAX_TEXTS, SearchEngine
+    from paraseek.service.prometheus import ServiceMetrics
 
     class Recorder:
         has_solo_session = True
@@ -337,10 +337,10 @@ def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_pat
 
 
 def test_requests_in_flight_are_counted_until_they_end_or_fail():
-    from core.settings import Settings
-    from service.batcher import Overloaded
-    from service.engine import counted
-    from service.prometheus import ServiceMetrics
+    from paraseek.core.settings import Settings
+    from paraseek.service.batcher import Overloaded
+    from paraseek.service.engine import counted
+    from paraseek.service.prometheus import ServiceMetrics
 
     class Engine:
         in_flight = 0

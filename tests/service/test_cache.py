@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from service.cache import Cache, CircuitBreaker, params_key
-from service.prometheus import ServiceMetrics
+from paraseek.service.cache import Cache, CircuitBreaker, params_key
+from paraseek.service.prometheus import ServiceMetrics
 
 
 class FakeClock:

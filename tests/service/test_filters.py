@@ -5,9 +5,9 @@ the same answers as a brute-force computation, consistency and expansion inside 
 import numpy as np
 import pytest
 
-from core.encoder import Encoder
-from index.filters import SearchFilter, caption_text, licence_id
-from index.snapshot import Snapshot
+from paraseek.core.encoder import Encoder
+from paraseek.index.filters import SearchFilter, caption_text, licence_id
+from paraseek.index.snapshot import Snapshot
 from tests.service.conftest import assert_error_names
 
 BOTH_BACKENDS = True
@@ -79,7 +79,7 @@ def test_consistency_and_expansion_stay_inside_the_filter(client, direct):
 
 
 def test_more_like_this_and_image_queries_take_a_filter(client, direct):
-    from core.demo import GALLERY_DIR
+    from paraseek.core.demo import GALLERY_DIR
 
     flt = {"licence": [4]}
     _, snap = direct

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from core.demo import GALLERY_DIR
-from core.encoder import Encoder
-from index.snapshot import Snapshot
+from paraseek.core.demo import GALLERY_DIR
+from paraseek.core.encoder import Encoder
+from paraseek.index.snapshot import Snapshot
 from tests.service.conftest import assert_error_names
 
 # every test that serves a snapshot in-process runs on FAISS and on the same snapshot copied into Milvus Lite
@@ -102,7 +102,7 @@ def test_bad_uploads_name_the_field(client, subtests):
 def test_upload_limits(make_settings):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     big = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), dtype=np.uint8)).save(big, "PNG")

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from typer.testing import CliRunner
 
-from core.demo import GALLERY_DIR
-from index.builder import build_snapshot, build_snapshot_from_vectors, update_snapshot
-from index.versions import BuildError
-from index.snapshot import FaissStore, Snapshot
+from paraseek.core.demo import GALLERY_DIR
+from paraseek.index.builder import build_snapshot, build_snapshot_from_vectors, update_snapshot
+from paraseek.index.versions import BuildError
+from paraseek.index.snapshot import FaissStore, Snapshot
 from paraseek.cli import app
 
 BOTH_BACKENDS = True
@@ -42,7 +42,7 @@ def vectors_with_paths(encoder, folder: Path, out: Path, paths: list[str]) -> tu
 
 
 def serve(make_settings, snapshot: Path):
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     return TestClient(create_app(make_settings(snapshot=snapshot)))
 

@@ -138,7 +138,7 @@ def test_milvus_outage_is_a_503_and_the_service_recovers(uvicorn_server, demo_sn
 
 def test_kill_9_during_a_milvus_reindex_leaves_the_alias_and_nothing_behind(uvicorn_server, snapshot_copy, shared_data,
                                                                              milvus_server):
-    from index.milvus_store import MilvusStore
+    from paraseek.index.milvus_store import MilvusStore
 
     env = milvus_env(milvus_server["uri"], snapshot_copy)
     url = uvicorn_server(snapshot_copy, PARASEEK_REINDEX_ROOT=shared_data, **env)

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.demo import GALLERY_DIR
+from paraseek.core.demo import GALLERY_DIR
 
 PHOTO_ID = 790
 PHOTO = GALLERY_DIR / "000000000790.jpg"

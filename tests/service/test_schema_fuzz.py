@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from loadtests.server import start_server
+from paraseek.loadtests.server import start_server
 from tests.service.conftest import ADMIN_TOKEN
 
 

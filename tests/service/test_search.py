@@ -7,8 +7,8 @@ import httpx
 import numpy as np
 import pytest
 
-from index.snapshot import Snapshot
-from core.encoder import Encoder, l2_normalize
+from paraseek.index.snapshot import Snapshot
+from paraseek.core.encoder import Encoder, l2_normalize
 from tests.service.conftest import assert_error_names
 
 # every test that serves a snapshot runs on FAISS and on the same snapshot copied into Milvus Lite
@@ -125,7 +125,7 @@ def test_expansion_rrf(client, direct):
 def test_ppdb_expansion(make_settings, shared_data):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     with TestClient(create_app(make_settings(ppdb_path=shared_data / "paraphrase/ppdb_lexical_synonyms.tsv"))) as c:
         r = c.post("/v1/search", json={"query": "a kid in an automobile", "expansion": {"method": "ppdb", "n": 2}})
@@ -177,7 +177,7 @@ def test_malformed_and_oversized_bodies(client):
 def test_overlong_query_is_truncated_and_says_so(make_settings):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     with TestClient(create_app(make_settings(max_query_chars=5000))) as c:
         r = c.post("/v1/search", json={"query": "a dog running on the grass " * 60})
@@ -218,7 +218,7 @@ def test_images_info_health_metrics(client):
 def test_not_ready_without_snapshot(make_settings, tmp_path):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     with TestClient(create_app(make_settings(snapshot=tmp_path / "none"))) as c:
         assert c.get("/healthz").status_code == 200
@@ -227,7 +227,7 @@ def test_not_ready_without_snapshot(make_settings, tmp_path):
 
 
 def test_micro_batching_merges_concurrent_requests(make_settings):
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     app = create_app(make_settings(max_wait_ms=50, lru_size=0))
     engine = app.state.engine
@@ -252,7 +252,7 @@ def test_micro_batching_merges_concurrent_requests(make_settings):
 def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     settings = make_settings(llm_base_url=fake_llm["url"], llm_model="fake", llm_api_key="k")
     with TestClient(create_app(settings)) as c:
@@ -272,7 +272,7 @@ def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
 
 
 def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
-    from paraphrase.wordnet import WordNetSource
+    from paraseek.paraphrase.wordnet import WordNetSource
 
     def broken(self, text, n):
         raise OSError("corpus file unreadable")
@@ -287,7 +287,7 @@ def test_streamed_body_over_the_limit_is_413(make_settings):
     """A chunked body (no Content-Length) is counted as it arrives and cut off at the limit."""
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     def chunks():
         yield b'{"query": "'
@@ -347,7 +347,7 @@ def test_consistency_reports_requested_and_produced(client):
 def test_not_ready_answers_without_server_paths(make_settings, tmp_path):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     with TestClient(create_app(make_settings(snapshot=tmp_path / "secret-location"))) as c:
         for r in (c.get("/readyz"), c.post("/v1/search", json={"query": "a dog"})):
@@ -361,8 +361,8 @@ def test_ready_means_warm(make_settings, monkeypatch):
 
     from fastapi.testclient import TestClient
 
-    from service.engine import SearchEngine
-    from service.main import create_app
+    from paraseek.service.engine import SearchEngine
+    from paraseek.service.main import create_app
 
     release = threading.Event()
     original = SearchEngine._warm_up
@@ -386,7 +386,7 @@ def test_ready_means_warm(make_settings, monkeypatch):
 def test_bank_expansion_equals_the_hand_computation(make_settings, starter_bank, direct):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     enc, snap = direct
     with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
@@ -423,7 +423,7 @@ def test_prf_equals_the_hand_computation(client, direct):
 def test_server_default_expansion_and_opting_out(make_settings, starter_bank):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     settings = make_settings(caption_bank=starter_bank.path, default_expansion='{"method": "bank", "n": 5}')
     with TestClient(create_app(settings)) as c:
@@ -439,8 +439,8 @@ def test_server_default_expansion_and_opting_out(make_settings, starter_bank):
 def test_bank_missing_or_of_another_bundle_is_a_400(make_settings, tmp_path):
     from fastapi.testclient import TestClient
 
-    from paraphrase.caption_bank import CaptionBank
-    from service.main import create_app
+    from paraseek.paraphrase.caption_bank import CaptionBank
+    from paraseek.service.main import create_app
     from tests.paraphrase.test_caption_bank import FakeEncoder
 
     with TestClient(create_app(make_settings())) as c:
@@ -473,7 +473,7 @@ def test_consistency_under_a_vector_expansion_compares_expanded_lists(make_setti
     stability of what is served."""
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     enc, snap = direct
     query, paraphrase = "a dog lying on a couch", "a puppy resting on a sofa"
@@ -512,7 +512,7 @@ def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
 def test_merged_index_searches_answer_each_request_as_if_alone(make_settings, direct):
     """Concurrent requests of different k (and offsets, and image queries) share index calls; each
     still gets exactly its own top k."""
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     app = create_app(make_settings(lru_size=0, max_wait_ms=20))
     engine = app.state.engine
@@ -545,7 +545,7 @@ def test_a_lone_request_encodes_and_searches_in_one_call_on_the_index_thread(mak
 
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
+    from paraseek.service.main import create_app
 
     body = {"query": "a man riding a wave on a surfboard", "k": 8, "expansion": {"method": "none"},
             "consistency": {"paraphrases": ["a surfer on a wave"], "k": 8}}
@@ -580,8 +580,8 @@ def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make
 
     from fastapi.testclient import TestClient
 
-    from index.faiss_index import search_threads
-    from service.main import create_app
+    from paraseek.index.faiss_index import search_threads
+    from paraseek.service.main import create_app
 
     with TestClient(create_app(make_settings(lru_size=0, faiss_threads=1))) as client:
         engine = client.app.state.engine

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.main import create_app
+from paraseek.service.main import create_app
 
 # any code point, lone surrogates, controls and zero-width characters included
 ANY_TEXT = st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=40)
@@ -23,7 +23,7 @@ FIELDS = {
 
 @pytest.fixture(scope="module")
 def text_client(starter_bundle, demo_snapshot, tmp_path_factory):
-    from core.settings import Settings
+    from paraseek.core.settings import Settings
 
     home = tmp_path_factory.mktemp("text-home")
     with TestClient(create_app(Settings(bundle=starter_bundle, snapshot=demo_snapshot, log_json=False, home=home))) as c:

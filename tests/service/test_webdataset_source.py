@@ -6,10 +6,10 @@ import tarfile
 
 from fastapi.testclient import TestClient
 
-from core.demo import GALLERY_DIR
-from index.builder import build_snapshot
-from index.image_sources import expand_braces, open_source
-from index.snapshot import Snapshot
+from paraseek.core.demo import GALLERY_DIR
+from paraseek.index.builder import build_snapshot
+from paraseek.index.image_sources import expand_braces, open_source
+from paraseek.index.snapshot import Snapshot
 
 
 def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -61,7 +61,7 @@ def test_tar_shards_are_indexed_in_place_and_served(starter_encoder, make_settin
     # the same photo found by its own image vector, from the shard, ranks first
     query = starter_encoder.encode_images([__import__("PIL.Image", fromlist=["Image"]).open(photos[4]).convert("RGB")])
     assert snap.search(query, 1)[0][0].id == 10001
-    with TestClient(__import__("service.main", fromlist=["create_app"]).create_app(make_settings(snapshot=tmp_path / "snap"))) as c:
+    with TestClient(__import__("paraseek.service.main", fromlist=["create_app"]).create_app(make_settings(snapshot=tmp_path / "snap"))) as c:
         image = c.get("/v1/images/10001")
         assert image.status_code == 200 and image.headers["content-type"] == "image/jpeg"
         assert image.content == photos[4].read_bytes()  # the member's bytes, not the tar
@@ -81,7 +81,7 @@ def test_snapshot_of_precomputed_vectors_is_served(starter_encoder, starter_bund
     from PIL import Image
     from typer.testing import CliRunner
 
-    from index.builder import build_snapshot_from_vectors
+    from paraseek.index.builder import build_snapshot_from_vectors
     from paraseek.cli import app
 
     photos = sorted(GALLERY_DIR.glob("*.jpg"))[:5]
@@ -90,7 +90,7 @@ def test_snapshot_of_precomputed_vectors_is_served(starter_encoder, starter_bund
     (tmp_path / "v.jsonl").write_text("".join(json.dumps({"id": 7 + i, "url": f"https://cdn/{i}.jpg", "caption": f"c{i}"}) + "\n"
                                               for i in range(5)))
     build_snapshot_from_vectors(tmp_path / "v.npy", tmp_path / "snap", image_space=starter_encoder.image_space, progress=False)
-    create_app = __import__("service.main", fromlist=["create_app"]).create_app
+    create_app = __import__("paraseek.service.main", fromlist=["create_app"]).create_app
     with TestClient(create_app(make_settings(snapshot=tmp_path / "snap"))) as c:
         r = c.post("/v1/search", json={"query": "a photo", "k": 5, "expansion": {"method": "none"}})
         assert r.status_code == 200, r.text

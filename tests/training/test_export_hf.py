@@ -4,10 +4,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.bundle import read_manifest
-from core.encoder import Encoder
-from training.export.hf_text import SentenceEncoder, export_hf_text, load_hf_encoder, mean_pool, minilm_dir
-from training.export.onnx_export import max_abs_diff
+from paraseek.core.bundle import read_manifest
+from paraseek.core.encoder import Encoder
+from paraseek.training.export.hf_text import SentenceEncoder, export_hf_text, load_hf_encoder, mean_pool, minilm_dir
+from paraseek.training.export.onnx_export import max_abs_diff
 
 TEXTS = ["a dog on a beach", "people riding bicycles", "x"]
 

@@ -4,14 +4,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import open_clip
 
-from core.bundle import read_manifest
-from core.encoder import Encoder
-from core.integrity import sha256_file
-from training.export.openclip import ClipTextTower, open_clip_image_space
-from training.export.onnx_export import max_abs_diff
+from paraseek.core.bundle import read_manifest
+from paraseek.core.encoder import Encoder
+from paraseek.core.integrity import sha256_file
+from paraseek.training.export.openclip import ClipTextTower, open_clip_image_space
+from paraseek.training.export.onnx_export import max_abs_diff
 
 TEXTS = ["a dog on a beach", "two people riding bicycles down a busy city street at night", "cat",
          "A kitchen with a stove, a sink and lots of pots hanging on the wall above the counter."]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training.losses import (Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss,
+from paraseek.training.losses import (Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss,
                              paraclip_loss, wise_ft)
 
 

@@ -3,8 +3,8 @@
 import numpy as np
 import torch
 
-from training.export.hf_text import minilm_dir
-from training.models import SentenceText
+from paraseek.training.export.hf_text import minilm_dir
+from paraseek.training.models import SentenceText
 
 
 def test_embed_batches_by_length_and_returns_rows_in_input_order():

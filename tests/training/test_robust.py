@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from core.bundle import read_manifest
-from core.encoder import Encoder
-from evaluation.data import read_pairs
-from training.recipe import load_recipe
-from training.trainer import Trainer
+from paraseek.core.bundle import read_manifest
+from paraseek.core.encoder import Encoder
+from paraseek.evaluation.data import read_pairs
+from paraseek.training.recipe import load_recipe
+from paraseek.training.trainer import Trainer
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ FEW_SETS = 100
 @pytest.fixture()
 def few_caption_sets(tmp_path):
     """The first FEW_SETS paraphrase sets of the shipped captions (all 3,681 make the anchor targets slow)."""
-    from paraphrase.caption_bank import DEFAULT_TEXTS
+    from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS
 
     lines = gzip.open(DEFAULT_TEXTS, "rt", encoding="utf-8").read().splitlines()
     out = tmp_path / "captions.tsv"
@@ -92,8 +92,8 @@ def embedded_home(tmp_path_factory) -> Path:
     """A PARASEEK_HOME where the embedded default was built as a first start builds it (the robust
     starter from the shipped tuned layers, then the demo snapshot; no bank). Both tests below read the
     one build: building the robust starter takes about a minute here."""
-    from core.settings import Settings
-    from training.embedded import ensure_embedded_default
+    from paraseek.core.settings import Settings
+    from paraseek.training.embedded import ensure_embedded_default
 
     home = tmp_path_factory.mktemp("embedded") / "home"
     ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
@@ -101,7 +101,7 @@ def embedded_home(tmp_path_factory) -> Path:
 
 
 def test_shipped_layers_build_the_robust_starter(starter_bundle, embedded_home):
-    from training.export.starter import ROBUST_LAYERS
+    from paraseek.training.export.starter import ROBUST_LAYERS
 
     card = json.loads(ROBUST_LAYERS.with_suffix(".json").read_text())
     assert card["recipe"]["name"] == "robust-starter" and card["measured"]["robust"]["ao@10"] > card["measured"]["plain"]["ao@10"]
@@ -112,7 +112,7 @@ def test_shipped_layers_build_the_robust_starter(starter_bundle, embedded_home):
     assert manifest.source["robust_text_tower"]["recipe"]["name"] == "robust-starter"
     texts = ["a dog on a beach", "two men playing frisbee in a park"]
     assert np.abs(tuned.encode_text(texts) - plain.encode_text(texts)).max() > 1e-3  # the tuned layers are in
-    from core.demo import GALLERY_DIR
+    from paraseek.core.demo import GALLERY_DIR
     from PIL import Image
 
     photo = [Image.open(next(GALLERY_DIR.glob("*.jpg"))).convert("RGB")]
@@ -120,8 +120,8 @@ def test_shipped_layers_build_the_robust_starter(starter_bundle, embedded_home):
 
 
 def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
-    from core.settings import Settings
-    from training.embedded import ensure_embedded_default
+    from paraseek.core.settings import Settings
+    from paraseek.training.embedded import ensure_embedded_default
 
     monkeypatch.setenv("PARASEEK_HOME", str(embedded_home))
     settings = Settings()
@@ -139,7 +139,7 @@ def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
     monkeypatch.setenv("PARASEEK_INDEX_BACKEND", "milvus")
     milvus = Settings()
     ensure_embedded_default(milvus, progress=False, with_bank=False)
-    from index.backends import store_from_settings
+    from paraseek.index.backends import store_from_settings
 
     store = store_from_settings(milvus)
     assert milvus.milvus_location == str(embedded_home / "milvus/paraseek.db")

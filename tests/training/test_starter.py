@@ -5,11 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-from core.bundle import read_manifest
-from core.encoder import Encoder
-from core.rank_metrics import retrieval_recall
-from training.export.onnx_export import max_abs_diff
-from training.export.starter import IMAGE_SPACE, build_starter_modules, imagenet_class_names
+from paraseek.core.bundle import read_manifest
+from paraseek.core.encoder import Encoder
+from paraseek.core.rank_metrics import retrieval_recall
+from paraseek.training.export.onnx_export import max_abs_diff
+from paraseek.training.export.starter import IMAGE_SPACE, build_starter_modules, imagenet_class_names
 
 TEXTS = ["a dog on a beach", "A man is in a kitchen making pizzas.", "two giraffes standing next to a tree"]
 
@@ -66,7 +66,7 @@ def test_shipped_int8_evaluation_is_what_quantize_measures(starter_bundle, share
     from typer.testing import CliRunner
 
     from paraseek.cli import app
-    from training.export.starter import INT8_EVALUATIONS
+    from paraseek.training.export.starter import INT8_EVALUATIONS
 
     shipped = read_manifest(starter_bundle).text_int8
     assert shipped.evaluation is not None

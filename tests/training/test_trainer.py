@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from paraseek.cli import app
 from tests.conftest import TINY_CLIP_CONFIG
-from training.recipe import RecipeError, list_recipes, load_recipe
-from training.trainer import Trainer, train
+from paraseek.training.recipe import RecipeError, list_recipes, load_recipe
+from paraseek.training.trainer import Trainer, train
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ TINY_OPEN_CLIP = ["model.name=tiny-clip", f"model.config={TINY_CLIP_CONFIG}", "m
     ("paraclip-vitb32", TINY_OPEN_CLIP),
 ])
 def test_every_recipe_runs_and_exports_a_bundle(name, extra, shared_data, starter_bundle, tmp_path):
-    from core.encoder import Encoder
+    from paraseek.core.encoder import Encoder
 
     result = train(tiny(name, shared_data, starter_bundle, *extra), tmp_path / "run", progress=False)
     assert result.steps == 2 and np.isfinite(result.last_loss)
@@ -120,11 +120,11 @@ def test_vitb32_recipe_has_the_paper_hyperparameters():
 def test_trained_bundle_serves(shared_data, starter_bundle, tmp_path):
     from fastapi.testclient import TestClient
 
-    from service.main import create_app
-    from core.settings import Settings
+    from paraseek.service.main import create_app
+    from paraseek.core.settings import Settings
 
-    from core.encoder import Encoder
-    from index.builder import build_snapshot
+    from paraseek.core.encoder import Encoder
+    from paraseek.index.builder import build_snapshot
 
     result = train(tiny("paraclip-starter-cpu", shared_data, starter_bundle), tmp_path / "run", progress=False)
     # training cached plain image embeddings, not an index
@@ -139,7 +139,7 @@ def test_trained_bundle_serves(shared_data, starter_bundle, tmp_path):
 
 def test_text_only_caption_sets_feed_l2_l3(shared_data, starter_bundle, tmp_path):
     """COCO train_captions.tsv: paraphrase sets without photos join the text-text terms."""
-    from training.data import sample_batch
+    from paraseek.training.data import sample_batch
 
     spec = tiny("paraclip-starter-cpu", shared_data, starter_bundle,
                 f"data.text_captions={shared_data / 'coco-captions/train_captions.tsv'}", "data.text_per_batch=3",

@@ -2,5 +2,5 @@
 
 ``openclip``: open_clip models (both towers); ``hf_text``: Hugging Face sentence encoders, optionally
 with trained alignment layers; ``starter``: the offline starter dual encoder. Each writes a bundle
-(``core.bundle``) that ``core.encoder.Encoder`` loads.
+(``paraseek.core.bundle``) that ``paraseek.core.encoder.Encoder`` loads.
 """

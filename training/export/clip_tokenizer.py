@@ -3,7 +3,7 @@
 The pipeline mirrors open_clip's SimpleTokenizer: the same byte-level BPE with ``</w>`` word ends,
 the same pre-tokenisation pattern, ``<start_of_text>`` ... ``<end_of_text>`` around every text and
 truncation that keeps the end token. ftfy/html cleaning happens in the runtime
-(``core.tokenizer.clip_clean``, declared as ``cleaning: clip`` in the manifest).
+(``paraseek.core.tokenizer.clip_clean``, declared as ``cleaning: clip`` in the manifest).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ _SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 
 
 def write_clip_tokenizer(path: str | Path, context_length: int = 77) -> Path:
-    import training.torch_env  # noqa: F401  (torchvision shim before open_clip)
+    import paraseek.training.torch_env  # noqa: F401  (torchvision shim before open_clip)
     from open_clip.tokenizer import SimpleTokenizer
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 

@@ -6,14 +6,14 @@ import json
 import shutil
 from pathlib import Path
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.bundle import BundleManifest, ImagePreprocess
-from training.export.manifest import write_export_manifest
-from training.export.onnx_export import export_onnx
+from paraseek.core.bundle import BundleManifest, ImagePreprocess
+from paraseek.training.export.manifest import write_export_manifest
+from paraseek.training.export.onnx_export import export_onnx
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

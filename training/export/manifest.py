@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.bundle import BundleManifest, ImagePreprocess, TokenizerSpec, TowerSpec, write_manifest
+from paraseek.core.bundle import BundleManifest, ImagePreprocess, TokenizerSpec, TowerSpec, write_manifest
 
 TEXT_FILE, IMAGE_FILE, TOKENIZER_FILE = "text.onnx", "image.onnx", "tokenizer.json"
 

@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 
 OPSET = 18

@@ -7,18 +7,18 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import open_clip
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.errors import UserError
-from core.bundle import BundleManifest, ImagePreprocess
-from core.integrity import sha256_file
-from training.export.clip_tokenizer import write_clip_tokenizer
-from training.export.manifest import write_export_manifest
-from training.export.onnx_export import export_onnx
+from paraseek.core.errors import UserError
+from paraseek.core.bundle import BundleManifest, ImagePreprocess
+from paraseek.core.integrity import sha256_file
+from paraseek.training.export.clip_tokenizer import write_clip_tokenizer
+from paraseek.training.export.manifest import write_export_manifest
+from paraseek.training.export.onnx_export import export_onnx
 
 log = logging.getLogger(__name__)
 

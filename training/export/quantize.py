@@ -8,8 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from core.bundle import Int8Evaluation, QuantizedSpec, read_manifest, write_manifest
-from core.encoder import Encoder
+from paraseek.core.bundle import Int8Evaluation, QuantizedSpec, read_manifest, write_manifest
+from paraseek.core.encoder import Encoder
 
 log = logging.getLogger(__name__)
 INT8_FILE = "text.int8.onnx"
@@ -23,7 +23,7 @@ def quantize_text_tower(bundle_dir: str | Path, calibration_texts: Sequence[str]
     Dynamic quantisation: int8 weights for MatMul/Gemm (per output channel), activations quantised on
     the fly, so no calibration data is needed to build it; ``calibration_texts`` only measure the
     cosine agreement with fp32 that goes into the manifest. ``evaluate_on`` = (paraphrase pairs,
-    images) measures fp32 and int8 side by side (``measure_int8``); ``evaluation`` records one measured
+    images) measures fp32 and int8 side by side (``measure_int8``); ``paraseek.evaluation`` records one measured
     before (a shipped bundle's, whose weights and quantisation are the same). With neither, ``auto``
     precision keeps fp32 for this bundle.
     """
@@ -106,12 +106,12 @@ def measure_int8(bundle_dir: str | Path, pairs: Path, images: Path) -> Int8Evalu
     side, over one exact snapshot of ``images`` (COCO JSON or folder) built with the bundle's image tower."""
     import tempfile
 
-    from evaluation.data import read_pairs
-    from evaluation.paraphrase import evaluate_pairs
-    from evaluation.suite import retrieval_on_snapshot
-    from index.builder import build_snapshot
-    from index.faiss_index import IndexSpec
-    from index.snapshot import Snapshot
+    from paraseek.evaluation.data import read_pairs
+    from paraseek.evaluation.paraphrase import evaluate_pairs
+    from paraseek.evaluation.suite import retrieval_on_snapshot
+    from paraseek.index.builder import build_snapshot
+    from paraseek.index.faiss_index import IndexSpec
+    from paraseek.index.snapshot import Snapshot
 
     pair_list = read_pairs(pairs)
     ao, r10 = {}, {}

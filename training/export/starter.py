@@ -18,18 +18,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.bundle import ImagePreprocess, Int8Evaluation, read_manifest
-from core.demo import demo_captions
-from core.errors import UserError
-from core.tokenizer import load_tokenizer
-from training.export.quantize import quantize_text_tower, record_int8_evaluation
-from training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
-from training.export.onnx_export import export_onnx
+from paraseek.core.bundle import ImagePreprocess, Int8Evaluation, read_manifest
+from paraseek.core.demo import demo_captions
+from paraseek.core.errors import UserError
+from paraseek.core.tokenizer import load_tokenizer
+from paraseek.training.export.quantize import quantize_text_tower, record_int8_evaluation
+from paraseek.training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
+from paraseek.training.export.onnx_export import export_onnx
 
 STARTER_NAME = "paraseek-starter"
 ROBUST_NAME = "paraseek-starter-robust"
