@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -37,17 +35,15 @@ from paraseek.core.errors import UserError
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
 from paraseek.index.recall import measure_recall_with
-from paraseek.index.snapshot import check_image_space, pid_alive
+from paraseek.index.snapshot import check_image_space
 from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
-from paraseek.index.versions import SnapshotError, SnapshotManifest
+from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, SnapshotManifest, build_is_stale, build_owner, versions_to_prune
 
 log = logging.getLogger(__name__)
 
 MANIFESTS = "manifests"
 VARCHAR_MAX = 65_535  # bytes, Milvus' longest VARCHAR
 INSERT_ROWS = 2_000
-RECALL_QUERIES = 1000
-STALE_AFTER_S = 6 * 3600
 METADATA_CACHE = 100_000  # metadata rows kept per loaded version (rows of a version never change)
 FILTER_CACHE = 256
 CONNECT_ATTEMPTS = 3
@@ -240,14 +236,10 @@ class MilvusStore(SnapshotStore):
     def prune(self, keep: int) -> list[str]:
         versions = self.versions()
         current = self.current_version()
-        protected = {current}
-        if current in versions:
-            protected |= {self.manifest(current).parent, versions[versions.index(current) - 1] if versions.index(current) else None}
-        removed = []
-        for version in versions[: max(0, len(versions) - keep)]:
-            if version not in protected:
-                self._drop(version)
-                removed.append(version)
+        parent = self.manifest(current).parent if current in versions else None
+        removed = versions_to_prune(versions, current, parent, keep)
+        for version in removed:
+            self._drop(version)
         return removed
 
     def _drop(self, version: str) -> None:
@@ -256,17 +248,14 @@ class MilvusStore(SnapshotStore):
             self.client.drop_collection(name)
         self.client.delete(self.manifests, filter=f'version == "{version}"')
 
-    def clean_stale(self, max_age_s: float = STALE_AFTER_S) -> list[str]:
+    def clean_stale(self, max_age_s: float = STALE_BUILD_AFTER_S) -> list[str]:
         """Versions whose build died: written by a process of this host that is gone, or by anyone
         longer ago than ``max_age_s``; and collections of this prefix that no manifest row names."""
         removed = []
-        host = socket.gethostname()
         for row in self._rows("building"):
             try:
-                owner = json.loads(row["manifest"])
-                mine = owner.get("host") == host
-                stale = (mine and not pid_alive(int(owner["pid"]))) or time.time() - float(owner["started"]) > max_age_s
-            except (ValueError, KeyError, TypeError):
+                stale = build_is_stale(json.loads(row["manifest"]), max_age_s=max_age_s)
+            except ValueError:
                 stale = True
             if stale:
                 self._drop(row["version"])
@@ -283,7 +272,7 @@ class MilvusStore(SnapshotStore):
     def begin_version(self) -> str:
         with self._lock:
             version = self.new_version_name()
-            self._put(version, "building", _owner())
+            self._put(version, "building", json.dumps(build_owner()))
         return version
 
     def abort_version(self, version: str) -> None:
@@ -326,7 +315,7 @@ class MilvusStore(SnapshotStore):
         metadata = draft.metadata if len(draft.metadata) == count else [{"id": int(i)} for i in draft.ids]
         try:
             if not self.client.query(self.manifests, filter=f'version == "{draft.version}"', output_fields=["state"], **STRONG):
-                self._put(draft.version, "building", _owner())  # not begun with begin_version
+                self._put(draft.version, "building", json.dumps(build_owner()))  # not begun with begin_version
             self._create(name, dim, kind, build)
             self._insert(name, draft.ids, draft.vectors, metadata)
             self.client.flush(name)
@@ -367,11 +356,6 @@ class MilvusStore(SnapshotStore):
 
         return measure_recall_with(run, spec, draft.vectors, draft.ids, queries, 10, target_recall if tunable else None,
                                    query_source, exact=spec.exact and not self.index_type)
-
-
-def _owner() -> str:
-    """Who is building a version (``clean_stale`` tells a dead build from a running one by it)."""
-    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
 
 
 def _reason(exc: BaseException) -> str:

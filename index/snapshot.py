@@ -16,9 +16,7 @@ import fcntl
 import json
 import os
 import shutil
-import socket
 import threading
-import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +43,7 @@ from paraseek.index.faiss_index import (
 from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
 from paraseek.index.recall import build_faiss_index, measure_recall
 from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
-from paraseek.index.versions import SnapshotError, SnapshotManifest
+from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, SnapshotManifest, build_is_stale, build_owner, versions_to_prune
 
 CURRENT = "current"
 VERSIONS = "versions"
@@ -83,14 +81,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 STAGING_PREFIX = ".tmp-"
-OWNER = ".owner"  # {"pid", "host"} of the process writing a staging folder
+OWNER = ".owner"  # build_owner() of the process writing a staging folder
 
 
 def _make_staging(root: Path, version: str) -> Path:
     path = root / VERSIONS / f"{STAGING_PREFIX}{version}"
     (root / VERSIONS).mkdir(parents=True, exist_ok=True)
     path.mkdir()  # FileExistsError rather than take over a folder that another writer owns
-    (path / OWNER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    (path / OWNER).write_text(json.dumps(build_owner()))
     return path
 
 
@@ -108,18 +106,7 @@ def begin_version(root: Path) -> tuple[str, Path]:
         return version, _make_staging(root, version)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host is running (builds record theirs so that a dead one's leftovers are known)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-def clean_stale_staging(root: str | Path, max_age_s: float = 6 * 3600) -> list[str]:
+def clean_stale_staging(root: str | Path, max_age_s: float = STALE_BUILD_AFTER_S) -> list[str]:
     """Remove staging folders a killed build left behind: those whose writer is no longer running on
     this host, and any older than ``max_age_s`` (a writer on another host that never finished).
     A build in progress keeps its folder. Returns the names removed."""
@@ -131,9 +118,8 @@ def clean_stale_staging(root: str | Path, max_age_s: float = 6 * 3600) -> list[s
         for stage in sorted(versions.glob(f"{STAGING_PREFIX}*")):
             try:
                 owner = json.loads((stage / OWNER).read_text())
-                mine = owner.get("host") == socket.gethostname()
-                stale = (mine and not pid_alive(int(owner["pid"]))) or time.time() - stage.stat().st_mtime > max_age_s
-            except (OSError, ValueError, KeyError, TypeError):
+                stale = build_is_stale(owner, started=stage.stat().st_mtime, max_age_s=max_age_s)
+            except (OSError, ValueError):
                 stale = True  # no readable owner: not written by a live build of this version
             if stale:
                 shutil.rmtree(stage, ignore_errors=True)
@@ -148,16 +134,10 @@ def prune_versions(root: str | Path, keep: int) -> list[str]:
     with writer_lock(root):
         versions = sorted(p.name for p in (root / VERSIONS).iterdir() if p.is_dir() and not p.name.startswith("."))
         current = current_version(root)
-        protected = {current}
-        if current in versions:
-            parent = read_snapshot_manifest(root / VERSIONS / current).parent
-            index = versions.index(current)
-            protected |= {parent, versions[index - 1] if index > 0 else None}
-        removed = []
-        for name in versions[: max(0, len(versions) - keep)]:
-            if name not in protected:
-                shutil.rmtree(root / VERSIONS / name, ignore_errors=True)
-                removed.append(name)
+        parent = read_snapshot_manifest(root / VERSIONS / current).parent if current in versions else None
+        removed = versions_to_prune(versions, current, parent, keep)
+        for name in removed:
+            shutil.rmtree(root / VERSIONS / name, ignore_errors=True)
     return removed
 
 
@@ -366,9 +346,6 @@ class Snapshot(SearchableSnapshot):
 
     def metadata_of(self, image_ids) -> dict[int, dict]:
         return {int(i): self.metadata[int(i)] for i in image_ids if int(i) in self.metadata}
-
-    def has_id(self, image_id: int) -> bool:
-        return int(image_id) in self.metadata
 
     def vectors(self) -> np.ndarray:
         """The stored vectors, memory-mapped once (filtered scans, refine and updates share the map)."""

@@ -3,6 +3,9 @@ and the errors of building and loading one. The builder, the stores and the serv
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
@@ -77,3 +80,47 @@ class VersionDraft:
             location=location or {},
             user_fields=sorted(user_field_names(self.metadata)) if user_fields is None else user_fields,
         )
+
+
+# -- what both backends do with versions: who is building one, and which to keep ---------------------
+STALE_BUILD_AFTER_S = 6 * 3600  # a build on another host that never finished is given up after this
+
+
+def build_owner() -> dict:
+    """Who is building a version: recorded with the unfinished version (a FAISS staging folder's
+    ``.owner``, a Milvus manifest row in state ``building``) so a cleaner tells a dead build from a live one."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host is running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def build_is_stale(owner: object, started: float | None = None, max_age_s: float = STALE_BUILD_AFTER_S) -> bool:
+    """A build is stale when its writer is a process of this host that is gone, or it started longer
+    than ``max_age_s`` ago (a writer on another host that never finished), or its owner record is
+    unreadable (not written by a live build). ``started`` stands in for an owner without the field."""
+    try:
+        assert isinstance(owner, dict)
+        mine = owner.get("host") == socket.gethostname()
+        began = float(owner.get("started", started if started is not None else time.time()))
+        return (mine and not pid_alive(int(owner["pid"]))) or time.time() - began > max_age_s
+    except (AssertionError, ValueError, KeyError, TypeError):
+        return True
+
+
+def versions_to_prune(versions: list[str], current: str | None, parent_of_current: str | None, keep: int) -> list[str]:
+    """The oldest published versions beyond the newest ``keep`` (``versions`` sorted oldest first); never
+    the current version or the one before it (its parent, or the previous version), which a rollback needs."""
+    protected = {current}
+    if current in versions:
+        at = versions.index(current)
+        protected |= {parent_of_current, versions[at - 1] if at > 0 else None}
+    return [v for v in versions[: max(0, len(versions) - keep)] if v not in protected]

@@ -132,8 +132,10 @@ def tiny_clip(tmp_path_factory):
 
 
 # -- index backends: tests that take ``backend`` (or fixtures that do, like the service's
-# ``make_settings``) run on FAISS; a module with ``BOTH_BACKENDS = True`` runs them on both
-BACKENDS = ["faiss", "milvus"]
+# ``make_settings``) run on FAISS; a module with ``BOTH_BACKENDS = True`` runs them on every registered one
+from paraseek.index.backends import BACKENDS as STORE_BACKENDS  # noqa: E402
+
+BACKENDS = list(STORE_BACKENDS)
 _prefixes = iter(range(1_000_000))
 
 
@@ -173,7 +175,7 @@ def milvus_server(tmp_path):
     import subprocess
     import sys
 
-    from paraseek.core.net import free_port, wait_listening
+    from paraseek.loadtests.net import free_port, wait_listening
 
     port = free_port()
     data = tmp_path / "milvus-server"
@@ -211,7 +213,7 @@ class MilvusStandalone:
     ports and data, as a restart does."""
 
     def __init__(self, exe: Path, data: Path):
-        from paraseek.core.net import free_port
+        from paraseek.loadtests.net import free_port
 
         self.exe, self.data = exe, data
         self.ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
@@ -221,7 +223,7 @@ class MilvusStandalone:
     def start(self) -> None:
         import subprocess
 
-        from paraseek.core.net import wait_listening
+        from paraseek.loadtests.net import wait_listening
 
         log = open(self.data / "server.log", "ab")
         self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),
