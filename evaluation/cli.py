@@ -15,7 +15,7 @@ from paraseek.core.encoder import Encoder
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.evaluation.data import read_pairs, read_sts
-from paraseek.evaluation.expansion import parse_expansion
+from paraseek.evaluation.expansion import parse_expansion, spec_help
 from paraseek.evaluation.paraphrase import evaluate_pairs, write_pairs_csv
 from paraseek.evaluation.retrieval import cross_modal_recall
 from paraseek.evaluation.sts import evaluate_sts
@@ -40,8 +40,8 @@ def paraphrase_cmd(
     snapshot: Optional[Path] = typer.Option(None, help="Snapshot root (default: the demo)."),
     bundle: Optional[Path] = typer.Option(None),
     k: int = typer.Option(10, "--k", "-k", min=1, max=1000),
-    expansion: List[str] = typer.Option([], help="Also evaluate with query expansion (repeatable): wordnet:N[:MIN_COS], "
-                                        "ppdb:N[:MIN_COS], bank:N[:mean|weighted], prf:M[:ALPHA:BETA]."),
+    expansion: List[str] = typer.Option([], help="Also evaluate with query expansion (repeatable), any registered method: "
+                                        + spec_help() + "."),
     ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
     bank: Optional[Path] = typer.Option(None, help="Caption bank folder (default: the bundle's bank under $PARASEEK_HOME)."),
     out: Optional[Path] = typer.Option(None, help="Folder for per-pair CSV and summary JSON."),

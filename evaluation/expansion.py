@@ -2,13 +2,15 @@
 their plain embeddings) to the expanded query vectors, with the same arithmetic the service uses
 (``paraseek.core.query_vectors``).
 
-Specs: ``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a
-cosine below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
+Specs: every method of the registry (``paraseek.paraphrase.expansions``), each with its own arguments:
+``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a cosine
+below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
 neighbours), ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -17,10 +19,11 @@ import numpy as np
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.errors import UserError
-from paraseek.core.query_vectors import close_to_query, mean_fusion, rocchio
+from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.settings import Settings
 from paraseek.index.snapshot import Snapshot
 from paraseek.paraphrase.caption_bank import CaptionBank, bank_dir
+from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion, VectorExpansion, expansion_method
 from paraseek.paraphrase.factory import make_source
 
 Expander = Callable[[list[str], np.ndarray], np.ndarray]
@@ -30,13 +33,6 @@ Expander = Callable[[list[str], np.ndarray], np.ndarray]
 class Expansion:
     label: str
     expand: Expander
-
-
-def _number(spec: str, text: str, kind=float):
-    try:
-        return kind(text)
-    except ValueError:
-        raise UserError(f"--expansion {spec!r}: {text!r} is not a number") from None
 
 
 def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]], min_cos: float) -> Expander:
@@ -56,29 +52,50 @@ def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]],
     return expand
 
 
+class DirectLookups:
+    """``Lookups`` by direct calls: the evaluation harness runs one batch at a time."""
+
+    def __init__(self, snapshot: Snapshot, load_bank: Callable[[], CaptionBank]):
+        self.snapshot, self._load_bank = snapshot, load_bank
+        self._bank: CaptionBank | None = None
+
+    async def caption_bank(self) -> CaptionBank:
+        if self._bank is None:
+            self._bank = self._load_bank()
+        return self._bank
+
+    async def bank_neighbours(self, bank: CaptionBank, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return bank.neighbours(queries, n)
+
+    async def top_images(self, queries: np.ndarray, m: int) -> np.ndarray:
+        return self.snapshot.search_ids(queries, m)[1]
+
+    async def image_vectors(self, ids: np.ndarray) -> list[np.ndarray]:
+        return self.snapshot.feedback_vectors(ids)
+
+
 def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: Settings | None = None,
                     ppdb: Path | None = None, bank: Path | None = None) -> Expansion:
+    """``METHOD[:ARG...]`` of any registered expansion method (``paraseek.paraphrase.expansions``)."""
     settings = settings or Settings()
-    method, *args = spec.split(":")
-    if method in ("wordnet", "ppdb"):
-        n = _number(spec, args[0], int) if args else 3
-        min_cos = _number(spec, args[1]) if len(args) > 1 else -1.0
-        source = make_source(method, settings, ppdb_path=ppdb)
-        label = f"{method}{n}" + (f"@cos{min_cos:g}" if min_cos > -1 else "")
-        return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, n), min_cos))
-    if method == "bank":
-        n = _number(spec, args[0], int) if args else 30
-        fusion = args[1] if len(args) > 1 else "mean"
-        caption_bank = CaptionBank.load(bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest), encoder)
-        return Expansion(f"bank{n}-{fusion}", lambda texts, vectors: caption_bank.expand(vectors, n, fusion))
-    if method == "prf":
-        m = _number(spec, args[0], int) if args else 5
-        alpha = _number(spec, args[1]) if len(args) > 1 else 1.0
-        beta = _number(spec, args[2]) if len(args) > 2 else 1.0
+    name, *args = spec.split(":")
+    try:
+        method = expansion_method(name)
+        params = method.from_spec(args)
+        method.check(params)
+    except ValueError as exc:
+        raise UserError(f"--expansion {spec!r}: {exc}") from None
+    label = method.spec_label(params)
+    if isinstance(method, RewriteExpansion):
+        if params.fusion != "mean":
+            raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")
+        source = make_source(method.source, settings, ppdb_path=ppdb)
+        return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos))
+    assert isinstance(method, VectorExpansion)
+    lookups = DirectLookups(snapshot, lambda: CaptionBank.load(bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest),
+                                                              encoder))
+    return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0])
 
-        def feedback(texts: list[str], vectors: np.ndarray) -> np.ndarray:
-            _, top = snapshot.search_ids(vectors, m)
-            return rocchio(vectors, snapshot.feedback_vectors(top), alpha, beta)
 
-        return Expansion(f"prf{m}-a{alpha:g}-b{beta:g}", feedback)
-    raise UserError(f"--expansion {spec!r}: method must be wordnet, ppdb, bank or prf")
+def spec_help() -> str:
+    return ", ".join(m.spec_help for m in EXPANSIONS.values())

@@ -249,7 +249,7 @@ def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
 def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s: float = 3.0) -> float:
     """Texts/s of the service's encoder layout: its workers side by side, each calling one shared
     session (intra-op threads = cores / workers) with batches of 8, as the encoder batcher does on CPU."""
-    from paraseek.service.engine import default_text_batch, encoder_workers, load_encoder
+    from paraseek.service.runtime import default_text_batch, encoder_workers, load_encoder
 
     settings = Settings(precision=precision)
     enc = load_encoder(bundle, settings)
@@ -338,7 +338,7 @@ def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, que
 
 def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     from paraseek.index.snapshot import Snapshot
-    from paraseek.service.engine import load_encoder
+    from paraseek.service.runtime import load_encoder
 
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -139,14 +139,17 @@ class CaptionBank:
     def expand(self, queries: np.ndarray, n: int, fusion: str = "mean") -> np.ndarray:
         """Query vectors moved toward their n nearest bank captions (eq. 5 mean, or similarity-weighted)."""
         q = np.atleast_2d(queries).astype(np.float32)
-        rows, sims = self.neighbours(q, n)
-        if fusion == "mean":
-            out = mean_fusion(q, self.vectors[rows])
-        elif fusion == "weighted":
-            out = weighted_fusion(q, self.vectors[rows], sims)
-        else:
-            raise CaptionBankError(f"fusion must be one of {FUSIONS}, not {fusion!r}")
+        out = self.fuse(q, *self.neighbours(q, n), fusion)
         return out[0] if np.ndim(queries) == 1 else out
+
+    def fuse(self, queries: np.ndarray, rows: np.ndarray, sims: np.ndarray, fusion: str = "mean") -> np.ndarray:
+        """Queries (Q, d) fused with the bank rows ``neighbours`` found for them (the service looks the
+        neighbours up in its batcher, then fuses here)."""
+        if fusion == "mean":
+            return mean_fusion(queries, self.vectors[rows])
+        if fusion == "weighted":
+            return weighted_fusion(queries, self.vectors[rows], sims)
+        raise CaptionBankError(f"fusion must be one of {FUSIONS}, not {fusion!r}")
 
     def texts_of(self, rows) -> list[str]:
         return [self.texts[int(r)] for r in rows]

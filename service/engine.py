@@ -1,5 +1,8 @@
-"""Search logic of the service: embeddings (cached, micro-batched), expansion, multi-term queries,
-consistency reports, and the encoder/snapshot pair that reindex and reload swap atomically."""
+"""The search engine: what the service serves and how a request runs through it. Its stages, top to
+bottom in ``search``: the request's texts (generated paraphrases included) -> one cached, batched
+embedding call -> a vector expansion's lookups -> one batched index call -> the result list and
+consistency report (``query_plan``, pure) -> one cached response. Loading and swapping what is served
+is in ``runtime``, paraphrase sources and caption banks in ``expansion_sources``."""
 
 from __future__ import annotations
 
@@ -11,112 +14,46 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from paraseek.core.encoder import Encoder, choose_providers, l2_normalize
-from paraseek.core.errors import UserError
+from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
 from paraseek.core.memory import limit_malloc_arenas, release_free_memory
-from paraseek.core.query_vectors import close_to_query, mean_fusion, rocchio, weighted_fusion
-from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
-from paraseek.index.versions import SnapshotError
-from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
-from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
-from paraseek.paraphrase.factory import make_source
-from paraseek.paraphrase.llm import LLMError
+from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, encode_texts, search_rows
 from paraseek.service.cache import Cache, params_key
+from paraseek.service.embedding import cached_texts
+from paraseek.service.errors import RequestError, StaleSwap
+from paraseek.service.expansion_sources import BatchedLookups, ExpansionSources
 from paraseek.service.prometheus import ServiceMetrics
-from paraseek.service.schemas import (
-    TEXT_EXPANSIONS,
-    ConsistencyReport,
-    EmbeddingsRequest,
-    Expansion,
-    ParaphraseReport,
-    Result,
-    SearchRequest,
-    SearchResponse,
-    Timings,
+from paraseek.service.query_plan import (
+    QueryRows,
+    QueryTexts,
+    consistency_report,
+    page,
+    plan_rows,
+    query_vectors,
+    ranked_page,
+    result_of,
+    vector_expansion,
 )
+from paraseek.service.runtime import Active, default_text_batch, encoder_workers, load_active, load_snapshot
+from paraseek.service.schemas import EmbeddingsRequest, Expansion, SearchRequest, SearchResponse, Timings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-RRF_K = 60  # the usual reciprocal-rank-fusion constant
 RETRY_LOAD_S = 5.0  # a service that could not load its index at start tries again this often
 # an encoder call of at most this many texts runs on every core when its request is the only one in
 # flight: it carries 1 text, or 4 with a consistency report
 SOLO_MAX_TEXTS = 4
-
-
-class StaleSwap(RuntimeError):
-    """What a swap meant to replace is no longer what is served (-> 409, or a failed job)."""
-
-
-class RequestError(UserError):
-    """A well-formed request that cannot be answered as asked (-> 4xx naming ``field``)."""
-
-    def __init__(self, field: str, message: str, status: int = 422):
-        super().__init__(message)
-        self.field = field
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Active:
-    """What a request searches with. Replaced as one object, so a request never sees an encoder
-    from one reindex and a snapshot from another."""
-
-    encoder: Encoder
-    snapshot: SearchableSnapshot
-
-    @property
-    def model_id(self) -> str:
-        e = self.encoder
-        return f"{e.name}:{e.version}:{e.precision}"
-
-
-def encoder_workers(settings: Settings) -> int:
-    """Encoder calls run at once: PARASEEK_ENCODER_WORKERS, default 2 where there are 2+ cores."""
-    return settings.encoder_workers or min(2, os.cpu_count() or 1)
-
-
-def default_text_batch(encoder: Encoder) -> int:
-    """Texts per encoder call unless PARASEEK_MAX_BATCH_SIZE says otherwise. On CPU a text costs about
-    the same at any batch size (MiniLM int8, one thread: 3.5 ms alone, 3.0 in 8s, 4.0 in 32s), so
-    small calls shared among the workers keep every core busy; a GPU wants large ones."""
-    return 8 if encoder.providers == ["CPUExecutionProvider"] else 64
-
-
-def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:
-    """Every encoder the service runs (startup, reload, reindex) is built here from the settings. Its
-    intra-op threads default to the cores shared out among the encoder workers (2 cores, 2 workers:
-    one each; two single-threaded calls side by side encode ~1.4x more than one call on two threads).
-    On CPU, fewer threads than cores also get a second text session on every core (PARASEEK_ENCODER_SOLO)
-    for calls that run alone (see ``LoneCallGate``)."""
-    cores = os.cpu_count() or 1
-    threads = settings.encoder_threads or max(1, cores // encoder_workers(settings))
-    solo = settings.encoder_solo and threads < cores and choose_providers() == ["CPUExecutionProvider"]
-    return Encoder(bundle, precision=precision or settings.precision, threads=threads, solo_threads=cores if solo else None,
-                   spin=settings.encoder_spin, memory_arena=False)
-
-
-def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
-    """A version of the configured index backend (default: the current one), checked against the encoder."""
-    return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads)
-
-
-def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:
-    encoder = load_encoder(bundle, settings, precision)
-    return Active(encoder, load_snapshot(store, encoder, settings))
 
 
 def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -145,79 +82,11 @@ def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 
 @dataclass
-class SearchTexts:
-    """Every text of one request, in the order they are embedded together."""
-
-    query: str | None
-    expansions: list[str]
-    paraphrases: list[str]
-    terms: list[str]
-
-    def all(self) -> list[str]:
-        return ([self.query] if self.query is not None else []) + self.expansions + self.paraphrases + self.terms
-
-
-@dataclass
-class SearchVectors:
-    query: np.ndarray | None
-    expansions: np.ndarray
-    paraphrases: np.ndarray
-    terms: np.ndarray
-
-    @classmethod
-    def split(cls, texts: SearchTexts, vectors: np.ndarray) -> SearchVectors:
-        q = 1 if texts.query is not None else 0
-        e, p = q + len(texts.expansions), q + len(texts.expansions) + len(texts.paraphrases)
-        return cls(vectors[0] if q else None, vectors[q:e], vectors[e:p], vectors[p:])
-
-
-@dataclass
-class SearchRows:
-    """The vectors searched in one index call and where each part of the request sits among them."""
-
-    matrix: np.ndarray
-    fused: int  # rows [0, fused) are fused into the result list (1 unless rrf)
-    plain_query: int  # the plain query's row (consistency compares it with the paraphrases)
-    paraphrases: int  # first paraphrase row
-
-
-@dataclass
-class CachedTexts:
-    """A request's texts, distinct ones once, with the vectors the cache has; ``missing`` are to encode."""
-
-    texts: list[str]
-    unique: list[str]
-    found: dict[str, np.ndarray]
-    missing: list[str]
-    fingerprints: dict[str, str]  # text -> its cache key (empty with the cache off)
-    truncation: dict[str, bool]  # text -> truncated, known from the same tokenisation
-
-    @property
-    def missing_fingerprints(self) -> list[str]:
-        return [self.fingerprints.get(t, "") for t in self.missing]  # empty with the cache off: nothing is stored
-
-    def assemble(self, encoder: Encoder, vectors: np.ndarray | None, flags: list[bool]) -> tuple[np.ndarray, list[bool]]:
-        """Rows for ``texts`` and whether each was truncated, given the missing ones' vectors and flags."""
-        found = dict(self.found)
-        truncated: dict[str, bool] = {}
-        if vectors is not None:
-            for t, v, f in zip(self.missing, vectors, flags):
-                found[t], truncated[t] = v, f
-        # a cached vector does not say whether its text was truncated: the lookup's tokenisation did
-        hits = [t for t in self.unique if t not in truncated]
-        unknown = [t for t in hits if t not in self.truncation]
-        truncated.update((t, self.truncation[t]) for t in hits if t in self.truncation)
-        if unknown:
-            truncated.update(zip(unknown, encoder.tokenizer.is_truncated(unknown)))
-        return np.stack([found[t] for t in self.texts]), [truncated[t] for t in self.texts]
-
-
-@dataclass
 class Searched:
     """What the encoder and index stages give the rest of a search."""
 
     truncated: list[bool]
-    rows: SearchRows
+    rows: QueryRows
     scores: np.ndarray
     ids: np.ndarray
     t_enc: float  # when the vectors to search were ready
@@ -225,6 +94,10 @@ class Searched:
 
 
 class SearchEngine:
+    """The search service as a library object: what it serves (``Active``, swapped atomically), the
+    request pipeline (texts -> encoder batch -> index batch -> results), its caches and back-pressure.
+    The FastAPI app (``paraseek.service.main``) is a thin adapter over it."""
+
     def __init__(self, settings: Settings, metrics: ServiceMetrics):
         self.settings = settings
         self.metrics = metrics
@@ -237,7 +110,7 @@ class SearchEngine:
         )
         # the request pipeline: texts -> encoder batch -> index batch -> results; each stage merges
         # concurrent requests into one call on its own thread
-        self.batcher: ContinuousBatcher = ContinuousBatcher(
+        self.encoder_batcher: ContinuousBatcher = ContinuousBatcher(
             encode_texts(self._encode), name="encoder", max_batch_size=settings.max_batch_size or 64,
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
             workers=encoder_workers(settings), max_queued=settings.max_queued_batches,
@@ -247,16 +120,11 @@ class SearchEngine:
             enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
             max_expect_wait_ms=settings.max_index_wait_ms, max_queued=settings.max_queued_batches,
         )
-        # paraphrase sources (an LLM endpoint: seconds a call) on threads of their own, so that slow
-        # ones never hold the shared pool that metadata lookups and filters use
-        self._paraphrase_pool = ThreadPoolExecutor(settings.paraphrase_workers, thread_name_prefix="paraphrase")
+        self.expansion_sources = ExpansionSources(settings)
         self._lone_calls = LoneCallGate()
         self.in_flight = 0  # requests being answered (search, image, similar, embeddings)
-        self._sources: dict[str, ParaphraseSource] = {}
-        self._banks: dict[str, CaptionBank] = {}
         self.default_expansion = (Expansion.model_validate_json(settings.default_expansion)
                                   if settings.default_expansion else None)
-        self._sources_lock = threading.Lock()
         self._swap_lock = threading.Lock()  # swaps come from the event loop, reindex jobs and the watcher
         self.load_error: str | None = None
         self.store: SnapshotStore | None = None
@@ -264,7 +132,7 @@ class SearchEngine:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         limit_malloc_arenas()
-        await self.batcher.start()
+        await self.encoder_batcher.start()
         await self.index_batcher.start()
         try:
             await asyncio.to_thread(self._load)
@@ -287,22 +155,22 @@ class SearchEngine:
 
     def _warm_up(self) -> None:
         try:
-            self.paraphrase_source("wordnet", "expansion.method")
+            self.expansion_sources.paraphrase_source("wordnet", "expansion.method")
         except RequestError:
             pass  # not installed: requests that ask for it get a 400
         active = self.active
         if active is not None and self.default_expansion is not None and self.default_expansion.method == "bank":
             try:
-                self.caption_bank(active)
+                self.expansion_sources.caption_bank(active)
             except RequestError as exc:
                 log.warning("default expansion 'bank' unavailable: %s", exc)
 
     async def stop(self) -> None:
         if getattr(self, "_watcher", None) is not None:
             self._watcher.cancel()
-        await self.batcher.stop()
+        await self.encoder_batcher.stop()
         await self.index_batcher.stop()
-        self._paraphrase_pool.shutdown(wait=False, cancel_futures=True)
+        self.expansion_sources.shutdown()
         await self.cache.close()
 
     def _load(self) -> None:
@@ -350,7 +218,7 @@ class SearchEngine:
                 publish()
             self.active = active  # one reference assignment: atomic for concurrent requests
             self.load_error = None
-        self.batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
+        self.encoder_batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
         self.metrics.index_size.set(len(active.snapshot))
         if replaces is not None and replaces is not active:
             release_free_memory()  # the replaced encoder/index: back to the OS, not just to the heap
@@ -363,32 +231,6 @@ class SearchEngine:
         if self.active is None:
             raise RequestError("service", f"not ready: {self.load_error or 'loading'}", status=503)
         return self.active
-
-    # -- paraphrase sources ----------------------------------------------------------------------
-    def paraphrase_source(self, method: str, field: str, usual_only: bool = True) -> ParaphraseSource:
-        """``usual_only``: expansion rewrites toward more usual wording (which raises consistency); a
-        consistency report asks for every reliable rephrasing instead (it tests the answers' stability)."""
-        key = f"{method}:{usual_only}"
-        with self._sources_lock:
-            if key not in self._sources:
-                try:
-                    self._sources[key] = make_source(method, self.settings, usual_only=usual_only)
-                except ParaphraseSourceUnavailable as exc:
-                    raise RequestError(field, f"{method} is unavailable: {exc}", status=400) from exc
-            return self._sources[key]
-
-    async def paraphrases(self, text: str, method: str, n: int, field: str, usual_only: bool = True) -> list[str]:
-        loop = asyncio.get_running_loop()
-        # loading a source reads files (WordNet takes seconds): never on the event loop
-        source = await loop.run_in_executor(self._paraphrase_pool, self.paraphrase_source, method, field, usual_only)
-        try:
-            # LLM calls block on the network (each text's within PARASEEK_LLM_DEADLINE_S): off the event loop
-            return await loop.run_in_executor(self._paraphrase_pool, source.paraphrases, text, n)
-        except LLMError as exc:
-            raise RequestError(field, str(exc), status=502) from exc
-        except Exception as exc:  # a source's own failure: logged in full, reported as upstream, never a 500
-            log.exception("paraphrase source %s failed", method)
-            raise RequestError(field, f"{method} failed: {type(exc).__name__}: {exc}", status=502) from exc
 
     # -- index -----------------------------------------------------------------------------------
     def _search_snapshot(self, view: SearchView, queries: np.ndarray, k: int,
@@ -427,34 +269,16 @@ class SearchEngine:
         with self._lone_calls.call(alone) as solo:
             return encoder.encode_text_detailed(texts, batch_size=max(len(texts), 1), solo=solo)
 
-    async def _cached_texts(self, active: Active, texts: list[str]) -> CachedTexts:
-        unique = list(dict.fromkeys(texts))
-        keyed = active.encoder.tokenizer.fingerprints_and_truncation(unique) if self.cache.backend != "off" else []
-        fingerprints = {t: f for t, (f, _) in zip(unique, keyed)}
-        cached = await self.cache.get_embeddings(active.model_id, [fingerprints.get(t, "") for t in unique])
-        found = {t: v for t, v in zip(unique, cached) if v is not None}
-        return CachedTexts(texts, unique, found, [t for t in unique if t not in found], fingerprints,
-                           {t: cut for t, (_, cut) in zip(unique, keyed)})
-
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""
-        lookup = await self._cached_texts(active, texts)
+        lookup = await cached_texts(self.cache, active, texts)
         if not lookup.missing:
             return lookup.assemble(active.encoder, None, [])
-        vectors, flags = await self.batcher.submit(active.encoder, lookup.missing)
+        vectors, flags = await self.encoder_batcher.submit(active.encoder, lookup.missing)
         await self.cache.put_embeddings(active.model_id, lookup.missing_fingerprints, vectors)
         return lookup.assemble(active.encoder, vectors, flags)
 
     # -- search --------------------------------------------------------------------------------
-    @staticmethod
-    def _result(rows: dict[int, dict], image_id: int, score: float, rank: int) -> Result:
-        row = rows.get(int(image_id), {})
-        return Result(
-            id=int(image_id), score=float(score), rank=rank, path=row.get("path"),
-            url=row.get("url") or row.get("coco_url") or row.get("flickr_url"), captions=row.get("captions", []),
-            licence=row.get("license"),
-        )
-
     def effective_expansion(self, req: SearchRequest) -> SearchRequest:
         """The request with the server's default expansion applied when it names none; an explicit
         ``{"method": "none"}`` opts out."""
@@ -464,41 +288,6 @@ class SearchEngine:
             return req
         return req.model_copy(update={"expansion": self.default_expansion})
 
-    def caption_bank(self, active: Active) -> CaptionBank:
-        """The bank of the serving bundle: ``PARASEEK_CAPTION_BANK``, else the bundle's default bank
-        under PARASEEK_HOME; 400 when there is none."""
-        with self._sources_lock:
-            bank = self._banks.get(active.model_id)
-            if bank is None:
-                encoder = active.encoder
-                path = self.settings.caption_bank or bank_dir(self.settings.home, encoder.manifest)
-                if not (path / "manifest.json").is_file():
-                    raise RequestError("expansion.method", "no caption bank for this bundle: build one with "
-                                       "`paraseek models build-bank` (or set PARASEEK_CAPTION_BANK)", status=400)
-                try:
-                    bank = CaptionBank.load(path, encoder)
-                except CaptionBankError as exc:
-                    raise RequestError("expansion.method", f"caption bank unavailable: {exc}", status=400) from exc
-                self._banks = {active.model_id: bank}  # one bundle serves at a time
-            return bank
-
-    async def _expand_vectors(self, active: Active, view: SearchView, exp: Expansion,
-                              queries: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Stage 2a, vector expansions of a batch of query vectors: the caption bank's nearest
-        captions, or pseudo-relevance feedback from each vector's top images. Also the bank captions
-        used for the first row (shown as ``expansions``)."""
-        if exp.method == "bank":
-            bank = self._banks.get(active.model_id)
-            if bank is None:  # first use: loading reads files, off the event loop
-                bank = await asyncio.to_thread(self.caption_bank, active)
-            rows, sims = await self.index_batcher.submit(bank, (queries, exp.n), _BANK_NEIGHBOURS)
-            fused = (mean_fusion(queries, bank.vectors[rows]) if exp.fusion == "mean"
-                     else weighted_fusion(queries, bank.vectors[rows], sims))
-            return fused, bank.texts_of(rows[0])
-        _, top = await self.index_batcher.submit(view, (queries, exp.m))
-        feedback = await asyncio.to_thread(active.snapshot.feedback_vectors, top)
-        return rocchio(queries, feedback, exp.alpha, exp.beta), []
-
     @counted
     async def search(self, req: SearchRequest) -> dict:
         """The response as a JSON-ready dict (the route returns it without re-validating it).
@@ -507,7 +296,7 @@ class SearchEngine:
         search -> one index call -> results fused into a list -> consistency report."""
         t0 = time.perf_counter()
         active = self.require_active()
-        self._check_lengths(req)
+        self._check_lengths(self._request_texts(req))
         req = self.effective_expansion(req)
         key = params_key({"snapshot": active.snapshot.version, "model": active.model_id, "request": req.model_dump()})
         hit = await self._cached(key, t0)
@@ -525,41 +314,32 @@ class SearchEngine:
         self.metrics.stage.labels("encode").observe(t_enc - t0)
         self.metrics.stage.labels("search").observe(t_search - t_enc)
 
-        ranked = self._fuse(req.k, req.offset, searched.scores, searched.ids, searched.rows.fused)
-        results = await self._results(active.snapshot, ranked)
-        report = (self._consistency_report(req, texts.paraphrases, searched.ids, searched.rows)
+        ranked = ranked_page(req.k, req.offset, searched.scores, searched.ids, searched.rows.fused)
+        report = (consistency_report(req, texts.paraphrases, searched.ids, searched.rows, self.settings.consistency_threshold)
                   if texts.paraphrases else None)
-        response = SearchResponse(
-            results=results, bundle=active.encoder.name, bundle_version=active.encoder.version,
-            snapshot_version=active.snapshot.version,
-            timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000,
-                            total_ms=(time.perf_counter() - t0) * 1000),
-            cache="miss" if self.cache.backend != "off" else "off",
+        return await self._respond(
+            key, active, ranked, t0, t_enc, t_search,
             truncated=bool(searched.truncated[0]) if req.query is not None else any(searched.truncated),
             expansions=(texts.expansions or searched.neighbour_texts) or None, consistency=report,
         )
-        body = response.model_dump(mode="json", exclude_none=True)
-        await self.cache.put_result(key, body)
-        return body
 
-    def _runs_alone(self, req: SearchRequest, texts: SearchTexts) -> bool:
+    def _runs_alone(self, req: SearchRequest, texts: QueryTexts) -> bool:
         """The service's only request in flight, with few texts and no index lookup between encoding
         and search (bank and prf expansions make one)."""
-        vector_expansion = req.expansion is not None and req.expansion.method in ("bank", "prf")
-        return self.in_flight == 1 and not vector_expansion and len(texts.all()) <= SOLO_MAX_TEXTS
+        return self.in_flight == 1 and vector_expansion(req) is None and len(texts.all()) <= SOLO_MAX_TEXTS
 
-    async def _encode_and_search_alone(self, active: Active, view: SearchView, req: SearchRequest, texts: SearchTexts,
+    async def _encode_and_search_alone(self, active: Active, view: SearchView, req: SearchRequest, texts: QueryTexts,
                                        k: int) -> Searched:
         """Encoder call and index search as one call on the index's thread (one search at a time still):
         at low load this saves the round trip through the event loop between the two stages (about 0.6 ms
         per request on 2 cores), and nothing else is waiting to be merged with it."""
-        lookup = await self._cached_texts(active, texts.all())
+        lookup = await cached_texts(self.cache, active, texts.all())
 
         def encode_and_search() -> tuple[np.ndarray | None, Searched]:
             vectors, flags = self._encode(active.encoder, lookup.missing) if lookup.missing else (None, [])
             embedded, truncated = lookup.assemble(active.encoder, vectors, flags)
             t_enc = time.perf_counter()
-            rows = self._search_rows(req, self._query_vectors(req, texts, embedded))
+            rows = plan_rows(req, query_vectors(req, texts, embedded))
             scores, ids = self._search_snapshot(view, rows.matrix, k, alone=True)
             return vectors, Searched(truncated, rows, scores, ids, t_enc)
 
@@ -571,39 +351,29 @@ class SearchEngine:
             await self.cache.put_embeddings(active.model_id, lookup.missing_fingerprints, vectors)
         return searched
 
-    async def _encode_then_search(self, active: Active, view: SearchView, req: SearchRequest, texts: SearchTexts,
+    async def _encode_then_search(self, active: Active, view: SearchView, req: SearchRequest, texts: QueryTexts,
                                   k: int) -> Searched:
         """The pipeline's two stages, each merging concurrent requests into one call."""
         # announced to the index stage from encoding until its rows get there: a search that would
         # start alone waits for them instead (an exact scan costs nearly the same for one row as for many)
         with self.index_batcher.expect() as expected:
             embedded, truncated = await self.embed(active, texts.all())
-            vectors = self._query_vectors(req, texts, embedded)
+            vectors = query_vectors(req, texts, embedded)
             expanded: np.ndarray | None = None
             neighbour_texts: list[str] = []
-            if req.expansion is not None and req.expansion.method in ("bank", "prf") and vectors.query is not None:
+            method = vector_expansion(req)
+            if method is not None and req.expansion is not None and vectors.query is not None:
                 # the paraphrases of a consistency report go through the same expansion as the query, so the
                 # report measures what is served
                 expected.release()  # its own index lookup goes first: nothing may wait for this request meanwhile
-                batch, neighbour_texts = await self._expand_vectors(active, view, req.expansion,
-                                                                    np.vstack([vectors.query[None], vectors.paraphrases]))
+                lookups = BatchedLookups(self.expansion_sources, active, view, self.index_batcher)
+                batch, neighbour_texts = await method.expand(np.vstack([vectors.query[None], vectors.paraphrases]),
+                                                             req.expansion.params(), lookups)
                 expanded, vectors.paraphrases = batch[0], batch[1:]
             t_enc = time.perf_counter()
-            rows = self._search_rows(req, vectors, expanded, compare_expanded=expanded is not None)
+            rows = plan_rows(req, vectors, expanded, compare_expanded=expanded is not None)
             scores, ids = await self.index_batcher.submit(view, (rows.matrix, k), expected=expected)
         return Searched(truncated, rows, scores, ids, t_enc, neighbour_texts)
-
-    @staticmethod
-    def _query_vectors(req: SearchRequest, texts: SearchTexts, embedded: np.ndarray) -> SearchVectors:
-        """The request's vectors by role; expansions too far from the query (``min_cos``) are dropped,
-        from ``texts`` as well."""
-        vectors = SearchVectors.split(texts, embedded)
-        if req.expansion is not None and req.expansion.min_cos > -1 and len(vectors.expansions):
-            assert vectors.query is not None
-            keep = close_to_query(vectors.query, vectors.expansions, req.expansion.min_cos)
-            vectors.expansions = vectors.expansions[keep]
-            texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
-        return vectors
 
     async def _cached(self, key: str, t0: float) -> dict | None:
         hit = await self.cache.get_result(key)
@@ -631,7 +401,7 @@ class SearchEngine:
         pixels = await asyncio.to_thread(self._image_pixels, encoder, data, field)
         # the image tower runs on the encoder's thread, so it never competes with a text batch for the cores
         view = await self.view(active.snapshot, flt)
-        vector = await self.batcher.run_alone(encoder.encode_pixels, pixels[None])
+        vector = await self.encoder_batcher.run_alone(encoder.encode_pixels, pixels[None])
         return await self._vector_search(active, view, key, vector, k, offset, t0, time.perf_counter())
 
     def _image_pixels(self, encoder: Encoder, data: bytes, field: str) -> np.ndarray:
@@ -663,16 +433,21 @@ class SearchEngine:
 
     async def _vector_search(self, active: Active, view: SearchView, key: str, vector: np.ndarray, k: int, offset: int,
                              t0: float, t_enc: float, exclude: int | None = None) -> dict:
-        snap = active.snapshot
         scores, ids = await self.index_batcher.submit(view, (vector, offset + k + (exclude is not None)))
         t_search = time.perf_counter()
         self.metrics.stage.labels("search").observe(t_search - t_enc)
+        return await self._respond(key, active, page(ids[0], scores[0], k, offset, exclude), t0, t_enc, t_search)
+
+    async def _respond(self, key: str, active: Active, ranked: list[tuple[int, float, int]], t0: float, t_enc: float,
+                       t_search: float, **fields) -> dict:
+        """The response of every search kind, as a JSON-ready dict, stored in the result cache under ``key``."""
+        rows = await self.metadata(active.snapshot, [i for i, _, _ in ranked])
         response = SearchResponse(
-            results=await self._results(snap, self._page(ids[0], scores[0], k, offset, exclude)), bundle=active.encoder.name,
-            bundle_version=active.encoder.version, snapshot_version=snap.version,
+            results=[result_of(rows, i, s, rank) for i, s, rank in ranked], bundle=active.encoder.name,
+            bundle_version=active.encoder.version, snapshot_version=active.snapshot.version,
             timings=Timings(encode_ms=(t_enc - t0) * 1000, search_ms=(t_search - t_enc) * 1000,
                             total_ms=(time.perf_counter() - t0) * 1000),
-            cache="miss" if self.cache.backend != "off" else "off",
+            cache="miss" if self.cache.backend != "off" else "off", **fields,
         )
         body = response.model_dump(mode="json", exclude_none=True)
         await self.cache.put_result(key, body)
@@ -691,9 +466,7 @@ class SearchEngine:
         texts = req.input
         if len(texts) > self.settings.max_embedding_inputs:
             raise RequestError("input", f"at most {self.settings.max_embedding_inputs} texts per call")
-        for i, text in enumerate(texts):
-            if len(text) > self.settings.max_query_chars:
-                raise RequestError(f"input.{i}", f"text is longer than {self.settings.max_query_chars} characters")
+        self._check_lengths((f"input.{i}", text) for i, text in enumerate(texts))
         vectors, _ = await self.embed(active, texts)
         tokens = int(e.tokenize(texts).attention_mask.sum())
         if req.encoding_format == "base64":  # what OpenAI's clients decode: little-endian float32 bytes
@@ -703,20 +476,28 @@ class SearchEngine:
         return {"object": "list", "model": e.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                 "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(encoded)]}
 
-    def _check_lengths(self, req: SearchRequest) -> None:
+    def _check_lengths(self, fields: Iterable[tuple[str, str]]) -> None:
+        """Every text a request embeds (query, terms, paraphrases, embeddings input) within
+        PARASEEK_MAX_QUERY_CHARS; 422 naming the first that is not."""
         limit = self.settings.max_query_chars
-        if req.query is not None and len(req.query) > limit:
-            raise RequestError("query", f"query is longer than {limit} characters")
-        for i, term in enumerate(req.terms or []):
-            if len(term.text) > limit:
-                raise RequestError(f"terms.{i}.text", f"term is longer than {limit} characters")
+        for name, text in fields:
+            if len(text) > limit:
+                raise RequestError(name, f"text is longer than {limit} characters")
 
-    async def _texts(self, req: SearchRequest) -> SearchTexts:
+    @staticmethod
+    def _request_texts(req: SearchRequest) -> Iterator[tuple[str, str]]:
+        if req.query is not None:
+            yield "query", req.query
+        for i, term in enumerate(req.terms or []):
+            yield f"terms.{i}.text", term.text
+
+    async def _texts(self, req: SearchRequest) -> QueryTexts:
         """Stage 1: every text of the request, generated ones included."""
         expansions: list[str] = []
-        if req.expansion and req.expansion.method in TEXT_EXPANSIONS:
+        method = EXPANSIONS.get(req.expansion.method) if req.expansion else None
+        if isinstance(method, RewriteExpansion) and req.expansion is not None:
             assert req.query is not None  # the schema requires a query with expansion
-            expansions = await self.paraphrases(req.query, req.expansion.method, req.expansion.n, "expansion.method")
+            expansions = await self.expansion_sources.paraphrases(req.query, method.source, req.expansion.n, "expansion.method")
         paraphrases: list[str] = []
         if req.consistency:
             c = req.consistency
@@ -724,102 +505,7 @@ class SearchEngine:
                 paraphrases = list(c.paraphrases)
             else:
                 assert req.query is not None and c.auto is not None
-                paraphrases = await self.paraphrases(req.query, c.method, c.auto, "consistency.method", usual_only=False)
-            for i, p in enumerate(paraphrases):
-                if len(p) > self.settings.max_query_chars:
-                    raise RequestError(f"consistency.paraphrases.{i}", "paraphrase is too long")
-        return SearchTexts(req.query, expansions, paraphrases, [t.text for t in req.terms or []])
-
-    @staticmethod
-    def _search_rows(req: SearchRequest, v: SearchVectors, expanded: np.ndarray | None = None,
-                     compare_expanded: bool = False) -> SearchRows:
-        """Stage 2: the vectors to search. Terms: their weighted sum (+ the query); a vector expansion
-        (bank, prf) as computed; text expansion with mean fusion: Cheng et al. eq. 5; rrf: the query
-        and each expansion searched separately."""
-        if req.terms:
-            combined = sum((t.weight * vec for t, vec in zip(req.terms, v.terms)), np.zeros_like(v.terms[0]))
-            if v.query is not None:
-                combined = combined + v.query
-            if np.linalg.norm(combined) < 1e-6:
-                raise RequestError("terms", "the weighted terms cancel out (zero vector)")
-            main = l2_normalize(combined)
-        elif expanded is not None:
-            main = expanded
-        elif len(v.expansions) and req.expansion is not None and req.expansion.fusion == "mean":
-            assert v.query is not None
-            main = mean_fusion(v.query, v.expansions)
-        else:
-            assert v.query is not None
-            main = v.query
-        rows = [main]
-        rrf = len(v.expansions) > 0 and req.expansion is not None and req.expansion.fusion == "rrf" and not req.terms
-        if rrf:
-            rows.extend(v.expansions)
-        fused = len(rows)
-        plain_query = 0
-        if len(v.paraphrases):
-            if main is not v.query and not compare_expanded:
-                assert v.query is not None
-                plain_query = len(rows)
-                rows.append(v.query)  # consistency compares the plain query with its paraphrases
-            first_paraphrase = len(rows)
-            rows.extend(v.paraphrases)
-        else:
-            first_paraphrase = len(rows)
-        return SearchRows(np.vstack(rows), fused, plain_query, first_paraphrase)
-
-    def _fuse(self, k: int, offset: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[tuple[int, float, int]]:
-        """Stage 3: the result list, ranks offset+1 .. offset+k; several fused rows are combined by
-        reciprocal rank."""
-        if fused > 1:
-            ranks: dict[int, float] = {}
-            for row in ids[:fused]:
-                for rank, i in enumerate(row[row >= 0]):
-                    ranks[int(i)] = ranks.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
-            ranked = sorted(ranks.items(), key=lambda kv: -kv[1])
-            return self._page([i for i, _ in ranked], [s for _, s in ranked], k, offset)
-        return self._page(ids[0], scores[0], k, offset)
-
-    @staticmethod
-    def _page(ids, scores, k: int, offset: int, exclude: int | None = None) -> list[tuple[int, float, int]]:
-        """(id, score, rank) of ranks offset+1 .. offset+k."""
-        kept = [(int(i), float(s)) for i, s in zip(ids, scores) if i >= 0 and i != exclude]
-        return [(i, s, offset + r + 1) for r, (i, s) in enumerate(kept[offset : offset + k])]
-
-    async def _results(self, snap: SearchableSnapshot, page: list[tuple[int, float, int]]) -> list[Result]:
-        rows = await self.metadata(snap, [i for i, _, _ in page])
-        return [self._result(rows, i, s, rank) for i, s, rank in page]
-
-    def _consistency_report(self, req: SearchRequest, paraphrases: list[str], ids: np.ndarray,
-                            rows: SearchRows) -> ConsistencyReport:
-        """Stage 4: AO@k and JS@k of each paraphrase's list against the plain query's."""
-        assert req.consistency is not None
-        kc = req.consistency.k
-        qlist = [int(i) for i in ids[rows.plain_query][:kc] if i >= 0]
-        reports = []
-        for text, row in zip(paraphrases, ids[rows.paraphrases : rows.paraphrases + len(paraphrases)]):
-            plist = [int(i) for i in row[:kc] if i >= 0]
-            reports.append(ParaphraseReport(text=text, ids=plist, ao=average_overlap(qlist, plist, kc),
-                                            js=jaccard_at_k(qlist, plist, kc)))
-        mean_ao = float(np.mean([r.ao for r in reports]))
-        threshold = self.settings.consistency_threshold
-        c = req.consistency
-        requested = len(c.paraphrases) if c.paraphrases else (c.auto or 0)
-        exp = req.expansion
-        compared_under = exp.method if exp is not None and exp.method in ("bank", "prf") else None
-        return ConsistencyReport(k=kc, ids=qlist, requested=requested, produced=len(reports), expansion=compared_under,
-                                 paraphrases=reports, mean_ao=mean_ao,
-                                 mean_js=float(np.mean([r.js for r in reports])), stable=mean_ao >= threshold,
-                                 threshold=threshold)
-
-
-# the caption bank's nearest captions, merged across requests like index searches: (rows, similarities)
-_BANK_NEIGHBOURS = search_rows(lambda bank, queries, n: bank.neighbours(queries, n))
-
-
-def validate_snapshot(active: Active) -> None:
-    """A new snapshot must load and answer a query before it replaces the serving one."""
-    vec = active.encoder.encode_text(["a photo"])
-    _, ids = active.snapshot.search_ids(vec, 1)
-    if len(active.snapshot) and ids[0][0] < 0:
-        raise SnapshotError("the new snapshot returned no result for a test query")
+                paraphrases = await self.expansion_sources.paraphrases(req.query, c.method, c.auto, "consistency.method",
+                                                                       usual_only=False)
+            self._check_lengths((f"consistency.paraphrases.{i}", p) for i, p in enumerate(paraphrases))
+        return QueryTexts(req.query, expansions, paraphrases, [t.text for t in req.terms or []])

@@ -20,7 +20,8 @@ from paraseek.index.backends import store_from_settings
 from paraseek.index.builder import build_snapshot
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
-from paraseek.service.engine import Active, SearchEngine, load_encoder, load_snapshot, validate_snapshot
+from paraseek.service.engine import SearchEngine
+from paraseek.service.runtime import Active, load_encoder, load_snapshot, validate_snapshot
 from paraseek.service.schemas import Job, ReindexRequest
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from paraseek.core.tokenizer import EmptyTextError
 from paraseek.index.filters import FilterError
 from paraseek.index.store import IndexUnavailable
 from paraseek.service.batcher import Overloaded
-from paraseek.service.engine import RequestError, SearchEngine
+from paraseek.service.engine import SearchEngine
+from paraseek.service.errors import RequestError
 from paraseek.service.jobs import JobManager
 from paraseek.service.logging_config import configure_logging, request_id
 from paraseek.service.prometheus import ServiceMetrics

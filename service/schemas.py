@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Iterable, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictInt, ValidationInfo, field_validator, model_validator
 
 from paraseek.index.faiss_index import IndexType
 from paraseek.index.filters import SearchFilter
+from paraseek.paraphrase.expansions import EXPANSIONS, ExpansionParams, expansion_method
+from paraseek.paraphrase.factory import SOURCES
 
 
 class StrictModel(BaseModel):
@@ -41,16 +43,37 @@ SearchText = Annotated[str, AfterValidator(_search_text)]
 ServerPath = Annotated[str, AfterValidator(_server_path)]
 
 
-TEXT_EXPANSIONS = ("wordnet", "ppdb", "generator", "llm")
 MAX_RANK = 1000
 
 
+def _enum_of(names: Callable[[], Iterable[str]]) -> Callable[[dict], None]:
+    """A field's JSON-schema enum read from a registry when the schema is generated (so a method
+    registered after this module was imported is listed too)."""
+
+    def extra(schema: dict) -> None:
+        schema["enum"] = list(names())
+
+    return extra
+
+
+def _expansion_method(name: str) -> str:
+    if name != "none":
+        expansion_method(name)  # ValueError naming the registered ones
+    return name
+
+
+def _paraphrase_method(name: str) -> str:
+    if name not in SOURCES:
+        raise ValueError(f"unknown paraphrase method {name!r} (one of {', '.join(SOURCES)})")
+    return name
+
+
 class Expansion(StrictModel):
-    method: Literal["wordnet", "ppdb", "generator", "llm", "bank", "prf", "none"] = Field(
+    method: Annotated[str, AfterValidator(_expansion_method)] = Field(
         description="text rewrites (wordnet, ppdb, generator, llm); bank: nearest captions of the caption bank; "
         "prf: pseudo-relevance feedback from the top images (Rocchio); none: no expansion, even when the "
-        "server applies one by default")
-    n: StrictInt = Field(3, ge=1, le=64, description="text rewrites, or bank neighbours")
+        "server applies one by default", json_schema_extra=_enum_of(lambda: [*EXPANSIONS, "none"]))
+    n: StrictInt = Field(3, ge=1, le=64, description="text rewrites (at most 16), or bank neighbours")
     fusion: Literal["mean", "rrf", "weighted"] = Field(
         "mean", description="mean: mean of normalised embeddings (Cheng et al. eq. 5); rrf: reciprocal-rank fusion "
         "(text rewrites); weighted: similarity-weighted mean (bank)")
@@ -64,24 +87,27 @@ class Expansion(StrictModel):
     @field_validator("n")
     @classmethod
     def _n_fits(cls, n: int, info: ValidationInfo) -> int:
-        # text rewrites are generated one by one (16 at most); bank neighbours are a cheap lookup
-        if info.data.get("method") in TEXT_EXPANSIONS and n > 16:
-            raise ValueError("at most 16 text rewrites (up to 64 bank neighbours)")
+        method = EXPANSIONS.get(info.data.get("method", ""))
+        if method is not None and n > method.max_n:
+            raise ValueError(f"at most {method.max_n} for {method.name} (text rewrites are generated one by one; "
+                             "bank neighbours are a cheap lookup)")
         return n
 
     @model_validator(mode="after")
-    def _fusion_fits(self):
-        if self.fusion == "rrf" and self.method not in TEXT_EXPANSIONS:
-            raise ValueError("fusion 'rrf' fuses the lists of text rewrites: use it with wordnet, ppdb, generator or llm")
-        if self.fusion == "weighted" and self.method != "bank":
-            raise ValueError("fusion 'weighted' weighs bank neighbours by similarity: use it with method 'bank'")
+    def _fits_method(self):
+        if self.method != "none":
+            expansion_method(self.method).check(self.params())
         return self
+
+    def params(self) -> ExpansionParams:
+        return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta)
 
 
 class Consistency(StrictModel):
     paraphrases: list[SearchText] | None = Field(None, min_length=1, max_length=16)
     auto: StrictInt | None = Field(None, ge=1, le=16, description="generate this many paraphrases")
-    method: Literal["wordnet", "ppdb", "generator", "llm"] = "wordnet"
+    method: Annotated[str, AfterValidator(_paraphrase_method)] = Field(
+        "wordnet", description="the paraphrase source of 'auto'", json_schema_extra=_enum_of(lambda: SOURCES))
     k: StrictInt = Field(10, ge=1, le=1000)
 
     @model_validator(mode="after")

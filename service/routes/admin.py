@@ -9,8 +9,10 @@ from paraseek.core.bundle import BundleError
 from paraseek.core.settings import Settings
 from paraseek.index.image_sources import resolve_within, source_paths
 from paraseek.service.deps import get_engine, get_jobs, get_settings, require_admin
-from paraseek.service.engine import Active, RequestError, SearchEngine, StaleSwap, load_encoder
+from paraseek.service.engine import SearchEngine
+from paraseek.service.errors import RequestError, StaleSwap
 from paraseek.service.jobs import JobManager
+from paraseek.service.runtime import Active, load_encoder
 from paraseek.service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])

@@ -4,6 +4,8 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion
+from paraseek.paraphrase.factory import source_configured
 from paraseek.service.deps import get_engine
 from paraseek.service.engine import SearchEngine
 from paraseek.service.schemas import error_responses
@@ -23,7 +25,14 @@ async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
                      "recall_at_10": m.recall_at_10, "device": active.snapshot.device, "backend": m.backend,
                      "user_fields": active.snapshot.user_fields},
         "cache": engine.cache.backend,
-        "batching": engine.batcher.enabled,
+        "batching": engine.encoder_batcher.enabled,
+        # the registry the request schema validates against; the search page lists these
+        "expansions": [
+            {"name": m.name, "label": m.label, "kind": m.kind, "fusions": list(m.fusions),
+             "configured": not isinstance(m, RewriteExpansion) or source_configured(m.source, engine.settings)}
+            for m in EXPANSIONS.values()
+        ],
+        "default_expansion": engine.default_expansion.model_dump() if engine.default_expansion else None,
     }
 
 

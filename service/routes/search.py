@@ -11,7 +11,8 @@ from starlette.datastructures import UploadFile
 
 from paraseek.core.settings import Settings
 from paraseek.service.deps import get_engine, get_settings
-from paraseek.service.engine import RequestError, SearchEngine
+from paraseek.service.engine import SearchEngine
+from paraseek.service.errors import RequestError
 from paraseek.service.schemas import (
     BatchSearchRequest,
     BatchSearchResponse,

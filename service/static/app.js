@@ -58,7 +58,17 @@ async function checkReady() {
     const b = info.bundle, s = info.snapshot;
     $("serving").textContent = `bundle ${b.name} ${b.version} (${b.precision}) · snapshot ${s.version} · ` +
       `${s.count.toLocaleString("en")} images · ${s.index.type}`;
+    listExpansions(info.expansions || []);
   }
+}
+
+// the expansion methods the service registers (its one list), those it has configured
+function listExpansions(methods) {
+  const select = $("expansion");
+  const chosen = select.value;
+  for (const option of [...select.options]) if (option.value && option.value !== "none") option.remove();
+  for (const m of methods.filter((m) => m.configured)) select.append(el("option", { value: m.name }, m.label));
+  if ([...select.options].some((o) => o.value === chosen)) select.value = chosen;
 }
 
 // -- results ---------------------------------------------------------------------------------

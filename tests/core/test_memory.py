@@ -42,7 +42,7 @@ def test_release_returns_freed_heap_to_the_os():
 
 def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_path):
     from paraseek.core.settings import Settings
-    from paraseek.service.engine import load_encoder
+    from paraseek.service.runtime import load_encoder
 
     enc = load_encoder(starter_bundle, Settings(home=tmp_path))
     assert enc.memory_arena is False
@@ -55,7 +55,7 @@ def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_pa
 
 def test_server_encoders_get_a_solo_session_on_every_core_for_lone_calls(starter_bundle, tmp_path, monkeypatch):
     from paraseek.core.settings import Settings
-    from paraseek.service.engine import load_encoder
+    from paraseek.service.runtime import load_encoder
 
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     enc = load_encoder(starter_bundle, Settings(home=tmp_path, encoder_workers=2))
@@ -90,7 +90,7 @@ def _spin_config(session) -> tuple[bool, bool]:
 def test_server_encoders_sleep_between_calls_and_the_solo_session_spins_only_within_one(starter_bundle, tmp_path,
                                                                                       monkeypatch):
     from paraseek.core.settings import Settings
-    from paraseek.service.engine import load_encoder
+    from paraseek.service.runtime import load_encoder
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     # the workers' sessions sleep: the event loop and the index need the cores; the solo session's

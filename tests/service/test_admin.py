@@ -268,7 +268,8 @@ def test_a_reload_during_a_reindex_is_not_reverted(make_settings, snapshot_copy,
 
 
 def test_a_swap_that_lost_the_race_changes_nothing(client):
-    from paraseek.service.engine import Active, StaleSwap
+    from paraseek.service.errors import StaleSwap
+    from paraseek.service.runtime import Active
 
     engine = client.app.state.engine
     served = engine.active

@@ -1,0 +1,178 @@
+"""Query expansion methods, one registry: the request schema (which names and parameters are valid), the
+service (how a request is expanded), the evaluation harness (``--expansion SPEC``) and the search page
+(``/v1/info`` lists them) all read ``EXPANSIONS``. A new method is one subclass and one ``register``.
+
+Two kinds:
+- ``RewriteExpansion``: text rewrites of the query by a paraphrase source (``paraseek.paraphrase.factory``),
+  embedded with the query and fused with it (Cheng et al. eq. 5 mean, or reciprocal-rank fusion of the
+  lists); ``min_cos`` drops rewrites whose embedding strays from the query's.
+- ``VectorExpansion``: the query vector moved by a lookup: the caption bank's nearest captions, or
+  pseudo-relevance feedback from the top images (Rocchio). What it may look up is ``Lookups``, which the
+  service implements on its batchers and the evaluation harness with direct calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Protocol, TypeVar
+
+import numpy as np
+
+from paraseek.core.query_vectors import rocchio
+from paraseek.paraphrase.caption_bank import FUSIONS, CaptionBank
+
+
+@dataclass(frozen=True)
+class ExpansionParams:
+    """The parameters a request (``expansion``) or an evaluation spec sets; each method reads its own."""
+
+    n: int = 3  # rewrites, or bank neighbours
+    fusion: str = "mean"
+    min_cos: float = -1.0  # rewrites: the guard
+    m: int = 5  # prf: top images fed back
+    alpha: float = 1.0  # prf: weight of the query
+    beta: float = 1.0  # prf: weight of the feedback
+
+
+def spec_number(args: list[str], at: int, default: float, kind: type = float):
+    """Argument ``at`` of an evaluation spec as a number (``default`` when absent)."""
+    if len(args) <= at:
+        return default
+    try:
+        return kind(args[at])
+    except ValueError:
+        raise ValueError(f"{args[at]!r} is not a number") from None
+
+
+class Lookups(Protocol):
+    """What a vector expansion may ask of whoever runs it."""
+
+    async def caption_bank(self) -> CaptionBank: ...
+
+    async def bank_neighbours(self, bank: CaptionBank, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, similarities) of each query's n nearest bank captions."""
+        ...
+
+    async def top_images(self, queries: np.ndarray, m: int) -> np.ndarray:
+        """Ids (Q, m) of each query's top images (-1 where fewer)."""
+        ...
+
+    async def image_vectors(self, ids: np.ndarray) -> list[np.ndarray]:
+        """Each query's stored vectors of ``ids`` (missing ids left out, so ragged)."""
+        ...
+
+
+class ExpansionMethod(ABC):
+    name: ClassVar[str]
+    label: ClassVar[str]  # what the search page shows
+    kind: ClassVar[Literal["rewrites", "vectors"]]
+    fusions: ClassVar[tuple[str, ...]] = ("mean",)
+    max_n: ClassVar[int] = 64
+    spec_help: ClassVar[str]  # the evaluation harness's --expansion syntax
+
+    def check(self, p: ExpansionParams) -> None:
+        """Raises ``ValueError`` (the request's 422) when ``p`` does not fit this method."""
+        if p.fusion not in self.fusions:
+            raise ValueError(f"fusion {p.fusion!r} does not apply to {self.name} (use {' or '.join(self.fusions)})")
+        if p.n > self.max_n:
+            raise ValueError(f"{self.name}: n is at most {self.max_n}")
+
+    @abstractmethod
+    def from_spec(self, args: list[str]) -> ExpansionParams:
+        """The parameters of an evaluation spec's arguments (``bank:30:weighted`` -> ["30", "weighted"])."""
+
+    @abstractmethod
+    def spec_label(self, p: ExpansionParams) -> str:
+        """A short name of this method with ``p`` (a column of the evaluation report)."""
+
+
+class RewriteExpansion(ExpansionMethod):
+    kind = "rewrites"
+    fusions = ("mean", "rrf")
+    max_n = 16  # rewrites are generated one by one
+
+    def __init__(self, name: str, label: str, source: str | None = None):
+        self.name, self.label = name, label  # type: ignore[misc]
+        self.source = source or name  # the paraphrase source (paraseek.paraphrase.factory) that writes them
+        self.spec_help = f"{name}:N[:MIN_COS]"  # type: ignore[misc]
+
+    def from_spec(self, args: list[str]) -> ExpansionParams:
+        return ExpansionParams(n=spec_number(args, 0, 3, int), min_cos=spec_number(args, 1, -1.0))
+
+    def spec_label(self, p: ExpansionParams) -> str:
+        return f"{self.name}{p.n}" + (f"@cos{p.min_cos:g}" if p.min_cos > -1 else "")
+
+
+class VectorExpansion(ExpansionMethod):
+    kind = "vectors"
+
+    @abstractmethod
+    async def expand(self, queries: np.ndarray, p: ExpansionParams, lookups: Lookups) -> tuple[np.ndarray, list[str]]:
+        """The expanded vectors of ``queries`` (Q, d), and the texts that moved the first one (shown to
+        the user as ``expansions``; empty when no text did)."""
+
+
+class BankExpansion(VectorExpansion):
+    name = "bank"
+    label = "caption bank"
+    fusions = FUSIONS
+    spec_help = "bank:N[:mean|weighted]"
+
+    async def expand(self, queries, p, lookups):
+        bank = await lookups.caption_bank()
+        rows, sims = await lookups.bank_neighbours(bank, queries, p.n)
+        return bank.fuse(queries, rows, sims, p.fusion), bank.texts_of(rows[0])
+
+    def from_spec(self, args):
+        return ExpansionParams(n=spec_number(args, 0, 30, int), fusion=args[1] if len(args) > 1 else "mean")
+
+    def spec_label(self, p):
+        return f"bank{p.n}-{p.fusion}"
+
+
+class FeedbackExpansion(VectorExpansion):
+    name = "prf"
+    label = "pseudo-relevance feedback"
+    spec_help = "prf:M[:ALPHA:BETA]"
+
+    async def expand(self, queries, p, lookups):
+        top = await lookups.top_images(queries, p.m)
+        return rocchio(queries, await lookups.image_vectors(top), p.alpha, p.beta), []
+
+    def from_spec(self, args):
+        return ExpansionParams(m=spec_number(args, 0, 5, int), alpha=spec_number(args, 1, 1.0), beta=spec_number(args, 2, 1.0))
+
+    def spec_label(self, p):
+        return f"prf{p.m}-a{p.alpha:g}-b{p.beta:g}"
+
+
+EXPANSIONS: dict[str, ExpansionMethod] = {}
+M = TypeVar("M", bound=ExpansionMethod)
+
+
+def register(method: M) -> M:
+    if method.name in EXPANSIONS or method.name == "none":
+        raise ValueError(f"an expansion method named {method.name!r} exists")
+    EXPANSIONS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    EXPANSIONS.pop(name, None)
+
+
+def expansion_method(name: str) -> ExpansionMethod:
+    """The registered method ``name``; ``ValueError`` naming the registered ones otherwise."""
+    try:
+        return EXPANSIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown expansion method {name!r} (one of {', '.join(EXPANSIONS)}, or none)") from None
+
+
+register(BankExpansion())
+register(RewriteExpansion("wordnet", "WordNet"))
+register(RewriteExpansion("ppdb", "PPDB"))
+register(FeedbackExpansion())
+register(RewriteExpansion("generator", "LLM, two-step generator"))
+register(RewriteExpansion("llm", "LLM rewrites"))

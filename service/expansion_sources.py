@@ -1,0 +1,109 @@
+"""What the service expands queries with: paraphrase sources and caption banks, loaded once and kept,
+their slow calls on threads of their own; and the lookups a vector expansion makes
+(``paraseek.paraphrase.expansions.Lookups``) through the index stage's batcher."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from paraseek.core.settings import Settings
+from paraseek.index.store import SearchView
+from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
+from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
+from paraseek.paraphrase.factory import make_source
+from paraseek.paraphrase.llm import LLMError
+from paraseek.service.batcher import ContinuousBatcher, search_rows
+from paraseek.service.errors import RequestError
+from paraseek.service.runtime import Active
+
+log = logging.getLogger(__name__)
+
+# the caption bank's nearest captions, merged across requests like index searches: (rows, similarities)
+_BANK_NEIGHBOURS = search_rows(lambda bank, queries, n: bank.neighbours(queries, n))
+
+
+class ExpansionSources:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        # paraphrase sources (an LLM endpoint: seconds a call) on threads of their own, so that slow
+        # ones never hold the shared pool that metadata lookups and filters use
+        self.pool = ThreadPoolExecutor(settings.paraphrase_workers, thread_name_prefix="paraphrase")
+        self._sources: dict[str, ParaphraseSource] = {}
+        self._banks: dict[str, CaptionBank] = {}
+        self._lock = threading.Lock()
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def paraphrase_source(self, method: str, field: str, usual_only: bool = True) -> ParaphraseSource:
+        """``usual_only``: expansion rewrites toward more usual wording (which raises consistency); a
+        consistency report asks for every reliable rephrasing instead (it tests the answers' stability)."""
+        key = f"{method}:{usual_only}"
+        with self._lock:
+            if key not in self._sources:
+                try:
+                    self._sources[key] = make_source(method, self.settings, usual_only=usual_only)
+                except ParaphraseSourceUnavailable as exc:
+                    raise RequestError(field, f"{method} is unavailable: {exc}", status=400) from exc
+            return self._sources[key]
+
+    async def paraphrases(self, text: str, method: str, n: int, field: str, usual_only: bool = True) -> list[str]:
+        loop = asyncio.get_running_loop()
+        # loading a source reads files (WordNet takes seconds): never on the event loop
+        source = await loop.run_in_executor(self.pool, self.paraphrase_source, method, field, usual_only)
+        try:
+            # LLM calls block on the network (each text's within PARASEEK_LLM_DEADLINE_S): off the event loop
+            return await loop.run_in_executor(self.pool, source.paraphrases, text, n)
+        except LLMError as exc:
+            raise RequestError(field, str(exc), status=502) from exc
+        except Exception as exc:  # a source's own failure: logged in full, reported as upstream, never a 500
+            log.exception("paraphrase source %s failed", method)
+            raise RequestError(field, f"{method} failed: {type(exc).__name__}: {exc}", status=502) from exc
+
+    def caption_bank(self, active: Active) -> CaptionBank:
+        """The bank of the serving bundle: ``PARASEEK_CAPTION_BANK``, else the bundle's default bank
+        under PARASEEK_HOME; 400 when there is none. Loading reads files: call it off the event loop."""
+        with self._lock:
+            bank = self._banks.get(active.model_id)
+            if bank is None:
+                encoder = active.encoder
+                path = self.settings.caption_bank or bank_dir(self.settings.home, encoder.manifest)
+                if not (path / "manifest.json").is_file():
+                    raise RequestError("expansion.method", "no caption bank for this bundle: build one with "
+                                       "`paraseek models build-bank` (or set PARASEEK_CAPTION_BANK)", status=400)
+                try:
+                    bank = CaptionBank.load(path, encoder)
+                except CaptionBankError as exc:
+                    raise RequestError("expansion.method", f"caption bank unavailable: {exc}", status=400) from exc
+                self._banks = {active.model_id: bank}  # one bundle serves at a time
+            return bank
+
+    def loaded_bank(self, active: Active) -> CaptionBank | None:
+        return self._banks.get(active.model_id)
+
+
+class BatchedLookups:
+    """``Lookups`` for one request: bank neighbours and top images go through the index stage's batcher
+    (merged with other requests' searches), stored vectors are read off the event loop."""
+
+    def __init__(self, sources: ExpansionSources, active: Active, view: SearchView, index_batcher: ContinuousBatcher):
+        self.sources, self.active, self.view, self.index_batcher = sources, active, view, index_batcher
+
+    async def caption_bank(self) -> CaptionBank:
+        bank = self.sources.loaded_bank(self.active)
+        return bank if bank is not None else await asyncio.to_thread(self.sources.caption_bank, self.active)
+
+    async def bank_neighbours(self, bank: CaptionBank, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return await self.index_batcher.submit(bank, (queries, n), _BANK_NEIGHBOURS)
+
+    async def top_images(self, queries: np.ndarray, m: int) -> np.ndarray:
+        _, top = await self.index_batcher.submit(self.view, (queries, m))
+        return top
+
+    async def image_vectors(self, ids: np.ndarray) -> list[np.ndarray]:
+        return await asyncio.to_thread(self.active.snapshot.feedback_vectors, ids)

@@ -1,0 +1,158 @@
+"""The pure part of a search, request in, numbers out, no I/O: which texts a request embeds, the vectors
+it searches (terms, fusion of expansions), the result list (reciprocal-rank fusion, paging) and the
+consistency report. ``SearchEngine`` runs these between its encoder and index stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paraseek.core.encoder import l2_normalize
+from paraseek.core.query_vectors import close_to_query, mean_fusion
+from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
+from paraseek.paraphrase.expansions import EXPANSIONS, VectorExpansion
+from paraseek.service.errors import RequestError
+from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, Result, SearchRequest
+
+RRF_K = 60  # the usual reciprocal-rank-fusion constant
+
+
+@dataclass
+class QueryTexts:
+    """Every text of one request, in the order they are embedded together."""
+
+    query: str | None
+    expansions: list[str]
+    paraphrases: list[str]
+    terms: list[str]
+
+    def all(self) -> list[str]:
+        return ([self.query] if self.query is not None else []) + self.expansions + self.paraphrases + self.terms
+
+
+@dataclass
+class QueryVectors:
+    query: np.ndarray | None
+    expansions: np.ndarray
+    paraphrases: np.ndarray
+    terms: np.ndarray
+
+    @classmethod
+    def split(cls, texts: QueryTexts, vectors: np.ndarray) -> QueryVectors:
+        q = 1 if texts.query is not None else 0
+        e, p = q + len(texts.expansions), q + len(texts.expansions) + len(texts.paraphrases)
+        return cls(vectors[0] if q else None, vectors[q:e], vectors[e:p], vectors[p:])
+
+
+@dataclass
+class QueryRows:
+    """The vectors searched in one index call and where each part of the request sits among them."""
+
+    matrix: np.ndarray
+    fused: int  # rows [0, fused) are fused into the result list (1 unless rrf)
+    plain_query: int  # the plain query's row (consistency compares it with the paraphrases)
+    first_paraphrase: int  # the first paraphrase's row
+
+
+def vector_expansion(req: SearchRequest) -> VectorExpansion | None:
+    """The request's vector expansion (bank, prf, ...), if it asks for one."""
+    method = EXPANSIONS.get(req.expansion.method) if req.expansion is not None else None
+    return method if isinstance(method, VectorExpansion) else None
+
+
+def query_vectors(req: SearchRequest, texts: QueryTexts, embedded: np.ndarray) -> QueryVectors:
+    """The request's vectors by role; expansions too far from the query (``min_cos``) are dropped,
+    from ``texts`` as well."""
+    vectors = QueryVectors.split(texts, embedded)
+    if req.expansion is not None and req.expansion.min_cos > -1 and len(vectors.expansions):
+        assert vectors.query is not None
+        keep = close_to_query(vectors.query, vectors.expansions, req.expansion.min_cos)
+        vectors.expansions = vectors.expansions[keep]
+        texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
+    return vectors
+
+
+def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None = None,
+          compare_expanded: bool = False) -> QueryRows:
+    """Stage 2: the vectors to search. Terms: their weighted sum (+ the query); a vector expansion
+    (bank, prf) as computed; text expansion with mean fusion: Cheng et al. eq. 5; rrf: the query
+    and each expansion searched separately."""
+    if req.terms:
+        combined = sum((t.weight * vec for t, vec in zip(req.terms, v.terms)), np.zeros_like(v.terms[0]))
+        if v.query is not None:
+            combined = combined + v.query
+        if np.linalg.norm(combined) < 1e-6:
+            raise RequestError("terms", "the weighted terms cancel out (zero vector)")
+        main = l2_normalize(combined)
+    elif expanded is not None:
+        main = expanded
+    elif len(v.expansions) and req.expansion is not None and req.expansion.fusion == "mean":
+        assert v.query is not None
+        main = mean_fusion(v.query, v.expansions)
+    else:
+        assert v.query is not None
+        main = v.query
+    rows = [main]
+    rrf = len(v.expansions) > 0 and req.expansion is not None and req.expansion.fusion == "rrf" and not req.terms
+    if rrf:
+        rows.extend(v.expansions)
+    fused = len(rows)
+    plain_query = 0
+    if len(v.paraphrases):
+        if main is not v.query and not compare_expanded:
+            assert v.query is not None
+            plain_query = len(rows)
+            rows.append(v.query)  # consistency compares the plain query with its paraphrases
+        first_paraphrase = len(rows)
+        rows.extend(v.paraphrases)
+    else:
+        first_paraphrase = len(rows)
+    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase)
+
+
+def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[tuple[int, float, int]]:
+    """The result list, ranks offset+1 .. offset+k; several fused rows are combined by reciprocal rank."""
+    if fused > 1:
+        ranks: dict[int, float] = {}
+        for row in ids[:fused]:
+            for rank, i in enumerate(row[row >= 0]):
+                ranks[int(i)] = ranks.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
+        ranked = sorted(ranks.items(), key=lambda kv: -kv[1])
+        return page([i for i, _ in ranked], [s for _, s in ranked], k, offset)
+    return page(ids[0], scores[0], k, offset)
+
+
+def page(ids, scores, k: int, offset: int, exclude: int | None = None) -> list[tuple[int, float, int]]:
+    """(id, score, rank) of ranks offset+1 .. offset+k."""
+    kept = [(int(i), float(s)) for i, s in zip(ids, scores) if i >= 0 and i != exclude]
+    return [(i, s, offset + r + 1) for r, (i, s) in enumerate(kept[offset : offset + k])]
+
+
+def result_of(rows: dict[int, dict], image_id: int, score: float, rank: int) -> Result:
+    row = rows.get(int(image_id), {})
+    return Result(
+        id=int(image_id), score=float(score), rank=rank, path=row.get("path"),
+        url=row.get("url") or row.get("coco_url") or row.get("flickr_url"), captions=row.get("captions", []),
+        licence=row.get("license"),
+    )
+
+
+def consistency_report(req: SearchRequest, paraphrases: list[str], ids: np.ndarray, rows: QueryRows,
+                       threshold: float) -> ConsistencyReport:
+    """AO@k and JS@k of each paraphrase's list against the plain query's."""
+    assert req.consistency is not None
+    kc = req.consistency.k
+    qlist = [int(i) for i in ids[rows.plain_query][:kc] if i >= 0]
+    reports = []
+    for text, row in zip(paraphrases, ids[rows.first_paraphrase : rows.first_paraphrase + len(paraphrases)]):
+        plist = [int(i) for i in row[:kc] if i >= 0]
+        reports.append(ParaphraseReport(text=text, ids=plist, ao=average_overlap(qlist, plist, kc),
+                                        js=jaccard_at_k(qlist, plist, kc)))
+    mean_ao = float(np.mean([r.ao for r in reports]))
+    c = req.consistency
+    requested = len(c.paraphrases) if c.paraphrases else (c.auto or 0)
+    compared_under = req.expansion.method if vector_expansion(req) is not None and req.expansion else None
+    return ConsistencyReport(k=kc, ids=qlist, requested=requested, produced=len(reports), expansion=compared_under,
+                             paraphrases=reports, mean_ao=mean_ao, mean_js=float(np.mean([r.js for r in reports])),
+                             stable=mean_ao >= threshold, threshold=threshold)
