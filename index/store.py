@@ -119,9 +119,6 @@ class SearchableSnapshot(ABC):
         rows = [[int(i) for i in row if i >= 0] for row in np.atleast_2d(ids)]
         return [self.vectors_of(row) if row else np.zeros((0, self.manifest.dim), np.float32) for row in rows]
 
-    def has_id(self, image_id: int) -> bool:
-        return int(image_id) in self.metadata_of([int(image_id)])
-
     @property
     def user_fields(self) -> list[str]:
         return self.manifest.user_fields

@@ -74,7 +74,8 @@ def measure(store: SnapshotStore, kind: str, vectors, ids, rows, queries, truth,
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
+    """Prints the table; returns the measurements by (backend, index kind)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=100_000)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         f, m = results[("faiss", kind)], results[("milvus", kind)]
         print(f"{kind:9} {m['build_s'] / f['build_s']:7.1f} {m['b1_ms'] / f['b1_ms']:7.1f} {m['b64_qps'] / f['b64_qps']:8.2f} "
               + " ".join(f"{m[n + '_ms'] / f[n + '_ms']:7.1f}" for n in SELECTIVITY))
+    return results
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from paraseek.core.net import free_port
+from paraseek.loadtests.net import free_port
 
 
 class ServerNotReady(RuntimeError):

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 
 from paraseek.core.demo import CAPTIONS_FILE, GALLERY_DIR
-from paraseek.core.net import free_port
 from paraseek.core.settings import Settings
+from paraseek.loadtests.net import free_port
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server
 from paraseek.training.embedded import ensure_embedded_default

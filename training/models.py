@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import shutil
 from pathlib import Path
+from typing import Any
 
 import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import numpy as np
@@ -109,7 +110,7 @@ class OpenClipText(TextTower):
         from paraseek.training.export.openclip import export_open_clip_model
 
         pp = getattr(self.model.visual, "preprocess_cfg", None) or {}
-        size = self.model.visual.image_size
+        size: Any = self.model.visual.image_size  # an int or (h, w), typed as a Module attribute
         size = size[0] if isinstance(size, (tuple, list)) else size
         return export_open_clip_model(self.model, out_dir, name=name, version=version, image_space=self.image_space,
                                       context_length=self.context_length, image_size=int(size),

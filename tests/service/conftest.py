@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from paraseek.core.net import free_port, wait_listening
+from paraseek.loadtests.net import free_port, wait_listening
 from paraseek.loadtests.server import ServerNotReady, start_server
 from paraseek.index.demo import build_demo_snapshot
 

@@ -1,4 +1,4 @@
-"""Small network helpers shared by the service tests and the benchmarks."""
+"""Small network helpers of the benchmarks (and the tests, which start servers the same way)."""
 
 from __future__ import annotations
 
