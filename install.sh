@@ -2,8 +2,9 @@
 # Installs everything paraseek needs on a fresh Debian machine, exactly as the last green CI run had it:
 # a virtual environment (.venv) holding the package with all extras at the versions pinned in the lock
 # (constraints.txt: every distribution, torch's CPU build included), plus Debian's redis-server for the
-# service tests, docker-compose for validating the compose file and chromium for the search page's
-# browser tests. Run it again after the lock changes: it brings .venv to the lock.
+# service tests, docker-compose for validating the compose file, chromium for the search page's
+# browser tests and prometheus for load runs watched by it. Run it again after the lock changes: it
+# brings .venv to the lock.
 #   VENV=DIR   the environment to create or update (default .venv)
 #   TORCH_CPU_INDEX=URL   where torch's CPU wheel comes from when pip's own configuration has no
 #                         copy of it (default PyTorch's CPU index; used only where it resolves)
@@ -37,6 +38,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 # headless browser for the search page's tests (driven by playwright against this executable)
 command -v chromium >/dev/null || missing+=(chromium)
+# Prometheus for `paraseek bench load --with-prometheus` and the dashboard's test
+command -v prometheus >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -59,6 +59,10 @@ def load_cmd(
     slo_p99_ms: Optional[float] = typer.Option(None, help="Fail if the aggregated p99 is above this."),
     slo_p50_ms: Optional[float] = typer.Option(None, help="Fail if the aggregated p50 is above this."),
     queries: Optional[Path] = typer.Option(None, help="TSV of image_id/caption to draw queries from."),
+    with_prometheus: bool = typer.Option(False, "--with-prometheus", help="Also run Prometheus (Debian's package) "
+                                         "scraping the service during the load; keep its data in OUT/prometheus and "
+                                         "write OUT/load-report.html: client and server series on one time axis."),
+    scrape_interval: float = typer.Option(1.0, min=0.1, help="Prometheus scrape interval, seconds (--with-prometheus)."),
 ):
     """Run Locust headless against a running service; non-zero exit on failures or a missed SLO."""
     try:
@@ -66,10 +70,15 @@ def load_cmd(
     except httpx.HTTPError as exc:
         raise UserError(f"no paraseek service answers at {url}: {exc}") from exc
     s = run_load(url, users=users, spawn_rate=spawn_rate, duration_s=duration, out=out, tags=tags or None,
-                 max_failure_ratio=max_failure_ratio, slo_p99_ms=slo_p99_ms, slo_p50_ms=slo_p50_ms, queries=queries)
+                 max_failure_ratio=max_failure_ratio, slo_p99_ms=slo_p99_ms, slo_p50_ms=slo_p50_ms, queries=queries,
+                 with_prometheus=with_prometheus, scrape_interval_s=scrape_interval)
     console.print(f"{s.requests} requests, {s.failures} failures ({s.failure_ratio:.2%}), {s.rps:.1f} req/s; "
                   f"p50 {s.p50_ms:.0f} ms, p95 {s.p95_ms:.0f} ms, p99 {s.p99_ms:.0f} ms")
     console.print(f"HTML report: {s.html_report}")
+    if s.load_report:
+        console.print(f"client and server series: {s.load_report}; Prometheus data: {s.prometheus_data}")
+        for panel in s.panels_without_data:
+            err.print(f"[yellow]no data:[/yellow] {panel}")
     for v in s.violations:
         err.print(f"[red]violation:[/red] {v}")
     raise typer.Exit(1 if s.violations else 0)

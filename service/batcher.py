@@ -79,6 +79,7 @@ class _Item:
     payload: Any
     run: Callable[[Any, list], list]
     future: asyncio.Future
+    queued_at: float = 0.0  # time.monotonic() when submitted
 
 
 class Overloaded(RuntimeError):
@@ -90,11 +91,12 @@ class ContinuousBatcher(Generic[P, R]):
     def __init__(self, run: Callable[[Any, list[P]], list[R]], *, name: str, max_batch_size: int = 64,
                  max_wait_ms: float = 0.0, enabled: bool = True, size: Callable[[P], int] = lambda p: 1,
                  on_batch: Callable[[int], None] | None = None, workers: int = 1, max_expect_wait_ms: float = 0.0,
-                 max_queued: int = 1024):
+                 max_queued: int = 1024, on_wait: Callable[[float], None] | None = None):
         """``run(key, payloads) -> results`` (one per payload) does one merged call; ``size`` says how
         many units (texts, query rows) a payload holds, for the cap and the metrics; ``workers`` calls
         run at once; announced requests (``expect``) are waited for up to ``max_expect_wait_ms``; past
-        ``max_queued`` waiting payloads, ``submit`` raises ``Overloaded``."""
+        ``max_queued`` waiting payloads, ``submit`` raises ``Overloaded``; ``on_wait`` gets each payload's
+        seconds in the queue before its call started."""
         self.run = run
         self.name = name
         self.max_batch_size = max_batch_size
@@ -102,6 +104,7 @@ class ContinuousBatcher(Generic[P, R]):
         self.enabled = enabled
         self.size = size
         self.on_batch = on_batch
+        self.on_wait = on_wait
         self.workers = max(1, workers)
         self.max_expect_wait = max_expect_wait_ms / 1000.0
         self.max_queued = max_queued
@@ -150,7 +153,7 @@ class ContinuousBatcher(Generic[P, R]):
         if self._queue.qsize() >= self.max_queued:
             raise Overloaded(f"the {self.name} queue holds {self.max_queued} waiting requests")
         future = loop.create_future()
-        self._queue.put_nowait(_Item(key, payload, run, future))
+        self._queue.put_nowait(_Item(key, payload, run, future, time.monotonic()))
         return await future
 
     async def run_alone(self, fn: Callable[..., Any], *args) -> Any:
@@ -204,6 +207,10 @@ class ContinuousBatcher(Generic[P, R]):
         key, run = live[0].key, live[0].run
         if self.on_batch:
             self.on_batch(sum(self.size(item.payload) for item in live))
+        if self.on_wait:
+            now = time.monotonic()
+            for item in live:
+                self.on_wait(now - item.queued_at)
         try:
             results = await loop.run_in_executor(self._executor, run, key, [item.payload for item in live])
         except Exception as exc:

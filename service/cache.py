@@ -25,6 +25,9 @@ def params_key(params: dict) -> str:
     return hashlib.sha1(orjson.dumps(params, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)).hexdigest()
 
 
+BREAKER_STATE_VALUE = {"closed": 0.0, "half-open": 0.5, "open": 1.0}  # paraseek_cache_breaker_state
+
+
 class CircuitBreaker:
     """closed -> open after ``failures_to_open`` consecutive failures (or one refused connection);
     open -> half-open after ``open_s``: exactly one probe call goes through; its success closes the
@@ -66,6 +69,7 @@ class Cache:
         self.embedding_ttl_s = embedding_ttl_s
         self.result_ttl_s = result_ttl_s
         self.breaker = CircuitBreaker(failures_to_open, retry_after_s)
+        metrics.cache_breaker.set_function(lambda: BREAKER_STATE_VALUE[self.breaker.state])
         self._redis = None
         self._lru: LRUCache[str, bytes] | None = LRUCache(maxsize=max(lru_size, 1)) if lru_size else None
         if redis_url:

@@ -90,6 +90,7 @@ class Searched:
     scores: np.ndarray
     ids: np.ndarray
     t_enc: float  # when the vectors to search were ready
+    t_embedded: float  # when the texts' vectors were ready (before a vector expansion's lookups)
     neighbour_texts: list[str] = field(default_factory=list)  # the caption bank's captions (bank expansion)
 
 
@@ -114,11 +115,13 @@ class SearchEngine:
             encode_texts(self._encode), name="encoder", max_batch_size=settings.max_batch_size or 64,
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
             workers=encoder_workers(settings), max_queued=settings.max_queued_batches,
+            on_wait=metrics.batch_wait.labels("encoder").observe,
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
             search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
             enabled=settings.batching, size=lambda payload: len(payload[0]), on_batch=metrics.index_batch_size.observe,
             max_expect_wait_ms=settings.max_index_wait_ms, max_queued=settings.max_queued_batches,
+            on_wait=metrics.batch_wait.labels("index").observe,
         )
         self.expansion_sources = ExpansionSources(settings)
         self._lone_calls = LoneCallGate()
@@ -220,6 +223,7 @@ class SearchEngine:
             self.load_error = None
         self.encoder_batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
         self.metrics.index_size.set(len(active.snapshot))
+        self.metrics.serving(active.snapshot.version, active.snapshot.backend, f"{active.encoder.name}:{active.encoder.version}")
         if replaces is not None and replaces is not active:
             release_free_memory()  # the replaced encoder/index: back to the OS, not just to the heap
 
@@ -304,19 +308,32 @@ class SearchEngine:
             return hit
 
         view = await self.view(active.snapshot, req.filter)
+        t_texts = time.perf_counter()
         texts = await self._texts(req)  # paraphrase sources may take seconds: before the encoder call
+        t_generated = time.perf_counter()
         k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
         if self._runs_alone(req, texts):
             searched = await self._encode_and_search_alone(active, view, req, texts, k_search)
         else:
             searched = await self._encode_then_search(active, view, req, texts, k_search)
         t_enc, t_search = searched.t_enc, time.perf_counter()
-        self.metrics.stage.labels("encode").observe(t_enc - t0)
-        self.metrics.stage.labels("search").observe(t_search - t_enc)
+        stage = self.metrics.stage
+        if texts.expansions or (req.consistency and req.consistency.auto):  # generated texts only
+            stage.labels("paraphrase").observe(t_generated - t_texts)
+        stage.labels("encode").observe(searched.t_embedded - t_generated)
+        if searched.t_enc > searched.t_embedded:
+            stage.labels("expand").observe(searched.t_enc - searched.t_embedded)
+        stage.labels("search").observe(t_search - t_enc)
 
         ranked = ranked_page(req.k, req.offset, searched.scores, searched.ids, searched.rows.fused)
-        report = (consistency_report(req, texts.paraphrases, searched.ids, searched.rows, self.settings.consistency_threshold)
-                  if texts.paraphrases else None)
+        t_fused = time.perf_counter()
+        stage.labels("fusion").observe(t_fused - t_search)
+        report = None
+        if texts.paraphrases:
+            report = consistency_report(req, texts.paraphrases, searched.ids, searched.rows, self.settings.consistency_threshold)
+            stage.labels("consistency").observe(time.perf_counter() - t_fused)
+            self.metrics.consistency_ao.observe(report.mean_ao)
+            self.metrics.consistency_reports.labels("true" if report.stable else "false").inc()
         return await self._respond(
             key, active, ranked, t0, t_enc, t_search,
             truncated=bool(searched.truncated[0]) if req.query is not None else any(searched.truncated),
@@ -341,7 +358,7 @@ class SearchEngine:
             t_enc = time.perf_counter()
             rows = plan_rows(req, query_vectors(req, texts, embedded))
             scores, ids = self._search_snapshot(view, rows.matrix, k, alone=True)
-            return vectors, Searched(truncated, rows, scores, ids, t_enc)
+            return vectors, Searched(truncated, rows, scores, ids, t_enc, t_enc)
 
         if lookup.missing:
             self.metrics.batch_size.observe(len(lookup.missing))
@@ -358,6 +375,7 @@ class SearchEngine:
         # start alone waits for them instead (an exact scan costs nearly the same for one row as for many)
         with self.index_batcher.expect() as expected:
             embedded, truncated = await self.embed(active, texts.all())
+            t_embedded = time.perf_counter()
             vectors = query_vectors(req, texts, embedded)
             expanded: np.ndarray | None = None
             neighbour_texts: list[str] = []
@@ -373,7 +391,7 @@ class SearchEngine:
             t_enc = time.perf_counter()
             rows = plan_rows(req, vectors, expanded, compare_expanded=expanded is not None)
             scores, ids = await self.index_batcher.submit(view, (rows.matrix, k), expected=expected)
-        return Searched(truncated, rows, scores, ids, t_enc, neighbour_texts)
+        return Searched(truncated, rows, scores, ids, t_enc, t_embedded, neighbour_texts)
 
     async def _cached(self, key: str, t0: float) -> dict | None:
         hit = await self.cache.get_result(key)

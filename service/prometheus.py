@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+AO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+# label values exported from the start (at 0), so a dashboard panel has a series before the first event
+STAGES = ("paraphrase", "encode", "expand", "search", "fusion", "consistency")
 
 
 class ServiceMetrics:
@@ -27,3 +30,33 @@ class ServiceMetrics:
         self.shed = Counter("paraseek_shed_total", "Requests refused with 503 to keep the others' latency",
                             ["reason"], registry=r)  # in_flight, queue, deadline
         self.in_flight = Gauge("paraseek_requests_in_flight", "Requests being answered", registry=r)
+        self.batch_wait = Histogram("paraseek_batch_wait_seconds", "Time a request's work waited in a batcher's queue "
+                                    "before its call started", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.cache_breaker = Gauge("paraseek_cache_breaker_state", "Redis circuit breaker: 0 closed, 0.5 half-open "
+                                   "(probing), 1 open (serving without cache)", registry=r)
+        self.snapshot = Gauge("paraseek_snapshot_info", "The serving snapshot and bundle (value 1)",
+                              ["version", "backend", "bundle"], registry=r)
+        self.consistency_ao = Histogram("paraseek_consistency_mean_ao", "Mean AO@k of each consistency report "
+                                        "(answers' stability under rephrasing, in real traffic)", buckets=AO_BUCKETS, registry=r)
+        self.consistency_reports = Counter("paraseek_consistency_reports_total", "Consistency reports, by whether "
+                                           "mean AO@k met PARASEEK_CONSISTENCY_THRESHOLD", ["stable"], registry=r)
+        # the process's RSS, CPU seconds, open files (Linux /proc), on this app's registry
+        ProcessCollector(registry=r)
+        for stage in STAGES:
+            self.stage.labels(stage)
+        for stage in ("encoder", "index"):
+            self.batch_wait.labels(stage)
+        for cache in ("embedding", "result"):
+            for result in ("hit", "miss"):
+                self.cache.labels(cache, result)
+        for result in ("succeeded", "failed"):
+            self.reindex.labels(result)
+        for reason in ("in_flight", "queue", "deadline"):
+            self.shed.labels(reason)
+        for stable in ("true", "false"):
+            self.consistency_reports.labels(stable)
+
+    def serving(self, version: str, backend: str, bundle: str) -> None:
+        """The snapshot now served: one series of paraseek_snapshot_info, the old one removed."""
+        self.snapshot.clear()
+        self.snapshot.labels(version, backend, bundle).set(1)

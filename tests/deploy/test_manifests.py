@@ -27,7 +27,7 @@ def test_overlays_render_and_validate(overlay):
 
     docs = render(overlay)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Deployment",
+    assert kinds == sorted(["ConfigMap", "ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Deployment",
                             "Service", "Service", "HorizontalPodAutoscaler"] + (["Secret"] if overlay == "milvus" else []))
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -45,13 +45,27 @@ def test_api_deployment_probes_resources_and_volume():
     assert {"secretRef": {"name": "paraseek-admin"}} in c["envFrom"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "paraseek-data"
-    cfg = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    cfg = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "paraseek-config")["data"]
     from paraseek.core.settings import Settings
 
     fields = {f"PARASEEK_{name.upper()}" for name in Settings.model_fields}
     assert set(cfg) <= fields, set(cfg) - fields  # every configured variable is a real setting
     hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "paraseek-api"
+
+
+def test_api_pods_are_scraped_and_the_dashboard_ships_as_a_configmap():
+    import json
+
+    docs = render("cpu")
+    api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
+    annotations = api["spec"]["template"]["metadata"]["annotations"]
+    port = api["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+    dashboard = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "paraseek-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = dashboard["data"].values()
+    assert json.loads(text) == json.loads((DEPLOY / "k8s" / "base" / "grafana" / "paraseek-dashboard.json").read_text())
 
 
 def test_gpu_overlay_requests_a_gpu():
@@ -65,7 +79,7 @@ def test_milvus_overlay_points_the_api_at_milvus():
     from paraseek.core.settings import Settings
 
     docs = render("milvus")
-    cfg = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    cfg = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "paraseek-config")["data"]
     assert cfg["PARASEEK_INDEX_BACKEND"] == "milvus" and cfg["PARASEEK_MILVUS_URI"].startswith("http://")
     secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "paraseek-milvus")
     api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
@@ -105,7 +119,8 @@ def test_compose_config_is_valid():
     assert out.returncode == 0, out.stderr
     services = yaml.safe_load(out.stdout)["services"]
     # the default stack; Milvus and its dependencies start only with --profile milvus
-    assert {n for n, svc in services.items() if not svc.get("profiles")} == {"api", "redis", "locust-master", "locust-worker"}
+    assert {n for n, svc in services.items() if not svc.get("profiles")} == {"api", "redis", "locust-master", "locust-worker",
+                                                                               "prometheus", "grafana"}
     assert {n for n, svc in services.items() if svc.get("profiles") == ["milvus"]} == {"milvus", "milvus-etcd", "milvus-minio"}
     assert services["api"]["environment"]["PARASEEK_INDEX_BACKEND"] == "faiss"
     assert services["api"]["environment"]["PARASEEK_REDIS_URL"].startswith("redis://redis:")

@@ -599,3 +599,36 @@ def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make
         assert client.post("/v1/search", json={"query": "a cat on a sofa", "expansion": {"method": "none"}}).status_code == 200
         engine.in_flight -= 1
     assert seen == [(1, os.cpu_count()), (1, 1)]
+
+
+def test_metrics_the_dashboard_reads(client):
+    """Stage times per stage, consistency reports, the serving snapshot, the breaker and the process."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples() -> dict[tuple[str, tuple], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples}
+
+    before = samples()
+    r = client.post("/v1/search", json={"query": "a man riding a horse", "k": 5, "expansion": {"method": "prf", "m": 3},
+                                        "consistency": {"paraphrases": ["a person on horseback"], "k": 5}})
+    assert r.status_code == 200, r.text
+    report = r.json()["consistency"]
+    after = samples()
+
+    def grew(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    for stage in ("encode", "expand", "search", "fusion", "consistency"):
+        assert grew("paraseek_stage_seconds_count", stage=stage) == 1, stage
+    assert grew("paraseek_stage_seconds_count", stage="paraphrase") == 0  # no text was generated
+    # prf's top-images lookup and the search itself each waited in the index batcher's queue
+    assert grew("paraseek_batch_wait_seconds_count", stage="index") == 2
+    assert grew("paraseek_consistency_mean_ao_count") == 1 and grew("paraseek_consistency_mean_ao_sum") == pytest.approx(report["mean_ao"])
+    assert grew("paraseek_consistency_reports_total", stable=str(report["stable"]).lower()) == 1
+    info = [labels for (name, labels), v in after.items() if name == "paraseek_snapshot_info" and v == 1]
+    assert len(info) == 1 and dict(info[0])["version"] == r.json()["snapshot_version"]
+    assert after[("paraseek_cache_breaker_state", ())] == 0.0
+    assert after[("process_resident_memory_bytes", ())] > 10e6
+    assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
