@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 # The tests run as `.venv/bin/python -m pytest`: the tools this environment installs (hadolint,
 # locust, ...) are found as an activated environment would find them
@@ -139,9 +140,15 @@ BACKENDS = list(STORE_BACKENDS)
 _prefixes = iter(range(1_000_000))
 
 
+# a module that also sets ``ON_MILVUS_SERVER = True`` runs them on a real Milvus standalone server too
+# (backend "milvus-server", one server for the module: ``milvus_standalone``)
+MILVUS_SERVER = "milvus-server"
+
+
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames and getattr(metafunc.module, "BOTH_BACKENDS", False):
-        metafunc.parametrize("backend", BACKENDS, indirect=True)
+        server = [MILVUS_SERVER] if getattr(metafunc.module, "ON_MILVUS_SERVER", False) else []
+        metafunc.parametrize("backend", BACKENDS + server, indirect=True)
 
 
 @pytest.fixture()
@@ -219,20 +226,56 @@ class MilvusStandalone:
         self.ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
         self.uri = f"http://127.0.0.1:{self.ports['--proxy-port']}"
         self.proc = None
+        # the embedded etcd's peer port has no flag (2380 by default: a second server on the machine
+        # would fail to bind it): an etcd configuration file of its own sets it
+        peer, client = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{self.ports['--etcd-port']}"
+        self.etcd_config = data / "embed-etcd.yaml"
+        self.etcd_config.write_text(json.dumps({
+            "name": "default", "data-dir": str(data / "data" / "data" / "etcd.data"),
+            "listen-peer-urls": peer, "initial-advertise-peer-urls": peer, "initial-cluster": f"default={peer}",
+            "listen-client-urls": client, "advertise-client-urls": client,
+        }))
 
     def start(self) -> None:
         import subprocess
 
         from paraseek.loadtests.net import wait_listening
 
-        log = open(self.data / "server.log", "ab")
-        self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),
-                                      *[str(x) for kv in self.ports.items() for x in kv], *MILVUS_LOOPBACK],
-                                     stdout=log, stderr=log)
-        log.close()
-        if not wait_listening(self.ports["--proxy-port"], 180, process=self.proc):
+        from filelock import FileLock
+
+        # one server starting at a time on this machine: the wrapper picks the metrics port (from 9091
+        # up, no flag) by probing, and two servers starting together probe the same free port
+        with FileLock(Path(tempfile.gettempdir()) / "paraseek-milvus-standalone.lock"):
+            log = open(self.data / "server.log", "ab")
+            self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),
+                                          *[str(x) for kv in self.ports.items() for x in kv], *MILVUS_LOOPBACK],
+                                         stdout=log, stderr=log,
+                                         # Milvus reads etcd.config.path from the environment (the wrapper's
+                                         # template has no such key for --extra-config to set)
+                                         env={**os.environ, "ETCD_CONFIG_PATH": str(self.etcd_config)})
+            log.close()
+            started = wait_listening(self.ports["--proxy-port"], 180, process=self.proc) and self._answers(120)
+        if not started:
             self.stop()
-            pytest.fail(f"Milvus standalone did not start: {(self.data / 'server.log').read_text()[-3000:]}")
+            logs = "".join(p.read_text()[-2000:] for p in [self.data / "server.log", *sorted((self.data / "data" / "logs").glob("*.log"))]
+                           if p.is_file())
+            pytest.fail(f"Milvus standalone did not start: {logs}")
+
+    def _answers(self, timeout_s: float) -> bool:
+        """Until the server answers a request: its proxy port accepting connections is not enough (the
+        wrapper binds every port for a moment to check that it is free, before the server starts)."""
+        from pymilvus import MilvusClient
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc is not None and self.proc.poll() is None:
+            try:
+                client = MilvusClient(self.uri, timeout=5)
+                client.list_collections()
+                client.close()
+                return True
+            except Exception:
+                time.sleep(0.5)
+        return False
 
     def stop(self) -> None:
         """SIGTERM to the wrapper and to the `milvus run standalone` it starts in a session of its own

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from paraseek.loadtests.net import free_port, wait_listening
+from tests.conftest import MILVUS_SERVER
 from paraseek.loadtests.server import ServerNotReady, start_server
 from paraseek.index.demo import build_demo_snapshot
 
@@ -59,6 +60,8 @@ def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path, backend,
         base.update(overrides)
         if backend == "milvus" and "index_backend" not in overrides:
             base.update(milvus_settings(request.getfixturevalue("milvus_lite_uri"), Path(base["snapshot"])))
+        if backend == MILVUS_SERVER and "index_backend" not in overrides:
+            base.update(server_settings(request.getfixturevalue("milvus_standalone").uri, Path(base["snapshot"])))
         return Settings(**base)
 
     return make
@@ -83,6 +86,20 @@ def milvus_settings(uri: str, snapshot: Path) -> dict:
         store = MilvusStore(uri, prefix=prefix)
         copy_snapshot(Snapshot.load(snapshot), store)
     return {"index_backend": "milvus", "milvus_uri": uri, "milvus_collection": prefix}
+
+
+_SERVER_COPIES: dict[tuple, dict] = {}
+
+
+def server_settings(uri: str, snapshot: Path) -> dict:
+    """As ``milvus_settings`` on a real server, where writing a version takes about 11 s: one copy of each
+    snapshot version per server, shared by the tests that only read it."""
+    from paraseek.index.snapshot import FaissStore
+
+    key = (uri, str(snapshot), FaissStore(snapshot).current_version())
+    if key not in _SERVER_COPIES:
+        _SERVER_COPIES[key] = milvus_settings(uri, snapshot)
+    return _SERVER_COPIES[key]
 
 
 @pytest.fixture()

@@ -8,9 +8,20 @@ import pytest
 from paraseek.core.encoder import Encoder
 from paraseek.index.filters import SearchFilter, caption_text, licence_id
 from paraseek.index.snapshot import Snapshot
+from tests.conftest import MILVUS_SERVER
 from tests.service.conftest import assert_error_names
 
 BOTH_BACKENDS = True
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
+
+
+def refused_on_the_server(backend: str, flt: dict, response) -> bool:
+    """Milvus 2.3 servers match text only at the start of a caption: a caption filter there is a 422
+    naming the field, never a 5xx. True when that is what happened."""
+    if backend != MILVUS_SERVER or "caption_contains" not in flt:
+        return False
+    assert_error_names(response, ["body", "filter", "caption_contains"])
+    return True
 
 
 @pytest.fixture()
@@ -44,8 +55,10 @@ def brute_force(direct, text: str, flt: dict, k: int) -> list[int]:
     {"id_range": {"gte": 100000, "lt": 400000}},
     {"licence": [4, 5, 6], "caption_contains": "a", "id_range": {"gte": 200000}},
 ])
-def test_filtered_search_is_the_top_k_among_matching_images(client, direct, flt):
+def test_filtered_search_is_the_top_k_among_matching_images(client, direct, flt, backend):
     r = client.post("/v1/search", json={"query": "a dog on a beach", "k": 8, "filter": flt})
+    if refused_on_the_server(backend, flt, r):
+        return
     assert r.status_code == 200, r.text
     got = [x["id"] for x in r.json()["results"]]
     assert got == brute_force(direct, "a dog on a beach", flt, 8)
@@ -55,9 +68,11 @@ def test_filtered_search_is_the_top_k_among_matching_images(client, direct, flt)
         assert got != unfiltered  # a filter that changes the answer, not one the top 8 already met
 
 
-def test_a_filter_matching_nothing_answers_an_empty_list(client):
-    r = client.post("/v1/search", json={"query": "a dog", "filter": {"caption_contains": "no caption says this"}})
-    assert r.status_code == 200 and r.json()["results"] == []
+def test_a_filter_matching_nothing_answers_an_empty_list(client, backend):
+    for flt in ({"licence": [4], "id_range": {"lt": 1}}, {"caption_contains": "no caption says this"}):
+        r = client.post("/v1/search", json={"query": "a dog", "filter": flt})
+        if not refused_on_the_server(backend, flt, r):
+            assert r.status_code == 200 and r.json()["results"] == []
 
 
 def assert_filled_within(ids, allowed: set[int], k: int) -> None:
@@ -134,14 +149,16 @@ def test_malformed_or_unsupported_filters_name_the_field(client, subtests):
 
 def test_info_names_the_backend(client, backend):
     info = client.get("/v1/info").json()["snapshot"]
-    assert info["backend"] == backend and info["device"] in (("cpu", "gpu") if backend == "faiss" else ("milvus",))
+    assert info["backend"] == backend.removesuffix("-server")
+    assert info["device"] in (("cpu", "gpu") if backend == "faiss" else ("milvus",))
 
 
-def test_prf_inside_a_filter_with_fewer_matches_than_feedback_images(client, direct):
+def test_prf_inside_a_filter_with_fewer_matches_than_feedback_images(client, direct, backend):
     """PRF asks each query's top m images inside the filter: a filter matching fewer than m (or none)
     still answers, on both backends, with the paraphrases' rows too (several rows in one search)."""
     enc, snap = direct
-    flt = {"caption_contains": "dog"}
+    # the server cannot match inside captions: the first 6 ids there instead
+    flt = {"caption_contains": "dog"} if backend != MILVUS_SERVER else {"id_range": {"lt": int(np.sort(snap.ids)[6])}}
     allowed = set(snap.ids[matching(snap, flt)].tolist())
     assert 0 < len(allowed) < 20
     body = {"query": "a dog on a beach", "k": 5, "filter": flt, "expansion": {"method": "prf", "m": 20},
@@ -150,5 +167,5 @@ def test_prf_inside_a_filter_with_fewer_matches_than_feedback_images(client, dir
     assert r.status_code == 200, r.text
     got = [x["id"] for x in r.json()["results"]]
     assert got and set(got) <= allowed
-    none = client.post("/v1/search", json={**body, "filter": {"caption_contains": "no caption says this"}})
+    none = client.post("/v1/search", json={**body, "filter": {"licence": [4], "id_range": {"lt": 1}}})
     assert none.status_code == 200 and none.json()["results"] == []
