@@ -107,12 +107,13 @@ def build_is_stale(owner: object, started: float | None = None, max_age_s: float
     """A build is stale when its writer is a process of this host that is gone, or it started longer
     than ``max_age_s`` ago (a writer on another host that never finished), or its owner record is
     unreadable (not written by a live build). ``started`` stands in for an owner without the field."""
+    if not isinstance(owner, dict):
+        return True
     try:
-        assert isinstance(owner, dict)
         mine = owner.get("host") == socket.gethostname()
         began = float(owner.get("started", started if started is not None else time.time()))
         return (mine and not pid_alive(int(owner["pid"]))) or time.time() - began > max_age_s
-    except (AssertionError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return True
 
 

@@ -64,12 +64,12 @@ class Lookups(Protocol):
 
 
 class ExpansionMethod(ABC):
-    name: ClassVar[str]
-    label: ClassVar[str]  # what the search page shows
+    name: str
+    label: str  # what the search page shows
+    spec_help: str  # the evaluation harness's --expansion syntax
     kind: ClassVar[Literal["rewrites", "vectors"]]
     fusions: ClassVar[tuple[str, ...]] = ("mean",)
     max_n: ClassVar[int] = 64
-    spec_help: ClassVar[str]  # the evaluation harness's --expansion syntax
 
     def check(self, p: ExpansionParams) -> None:
         """Raises ``ValueError`` (the request's 422) when ``p`` does not fit this method."""
@@ -93,9 +93,9 @@ class RewriteExpansion(ExpansionMethod):
     max_n = 16  # rewrites are generated one by one
 
     def __init__(self, name: str, label: str, source: str | None = None):
-        self.name, self.label = name, label  # type: ignore[misc]
+        self.name, self.label = name, label
         self.source = source or name  # the paraphrase source (paraseek.paraphrase.factory) that writes them
-        self.spec_help = f"{name}:N[:MIN_COS]"  # type: ignore[misc]
+        self.spec_help = f"{name}:N[:MIN_COS]"
 
     def from_spec(self, args: list[str]) -> ExpansionParams:
         return ExpansionParams(n=spec_number(args, 0, 3, int), min_cos=spec_number(args, 1, -1.0))

@@ -27,7 +27,6 @@ from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
-from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, encode_texts, search_rows
 from paraseek.service.cache import Cache, params_key
 from paraseek.service.embedding import cached_texts
@@ -43,6 +42,7 @@ from paraseek.service.query_plan import (
     query_vectors,
     ranked_page,
     result_of,
+    rewrite_expansion,
     vector_expansion,
 )
 from paraseek.service.runtime import Active, default_text_batch, encoder_workers, load_active, load_snapshot
@@ -512,8 +512,8 @@ class SearchEngine:
     async def _texts(self, req: SearchRequest) -> QueryTexts:
         """Stage 1: every text of the request, generated ones included."""
         expansions: list[str] = []
-        method = EXPANSIONS.get(req.expansion.method) if req.expansion else None
-        if isinstance(method, RewriteExpansion) and req.expansion is not None:
+        method = rewrite_expansion(req)
+        if method is not None and req.expansion is not None:
             assert req.query is not None  # the schema requires a query with expansion
             expansions = await self.expansion_sources.paraphrases(req.query, method.source, req.expansion.n, "expansion.method")
         paraphrases: list[str] = []

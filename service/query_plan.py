@@ -11,7 +11,7 @@ import numpy as np
 from paraseek.core.encoder import l2_normalize
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import EXPANSIONS, VectorExpansion
+from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion, VectorExpansion
 from paraseek.service.errors import RequestError
 from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, Result, SearchRequest
 
@@ -59,6 +59,12 @@ def vector_expansion(req: SearchRequest) -> VectorExpansion | None:
     """The request's vector expansion (bank, prf, ...), if it asks for one."""
     method = EXPANSIONS.get(req.expansion.method) if req.expansion is not None else None
     return method if isinstance(method, VectorExpansion) else None
+
+
+def rewrite_expansion(req: SearchRequest) -> RewriteExpansion | None:
+    """The request's text-rewrite expansion (wordnet, ppdb, llm, ...), if it asks for one."""
+    method = EXPANSIONS.get(req.expansion.method) if req.expansion is not None else None
+    return method if isinstance(method, RewriteExpansion) else None
 
 
 def query_vectors(req: SearchRequest, texts: QueryTexts, embedded: np.ndarray) -> QueryVectors:
