@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     milvus_search_params: str | None = Field(None, description="JSON search params (e.g. {\"nprobe\": 32}); default: "
                                              "those of the build's index spec")
     milvus_timeout_s: float = Field(10.0, gt=0, description="per Milvus call; past it the request is answered 503")
+    milvus_index_timeout_s: float = Field(3600.0, gt=0, description="how long a build waits for a server to index a "
+                                          "new version before it fails (the version is published only once indexed)")
 
     # micro-batching of concurrent requests' texts into one encoder call
     batching: bool = True

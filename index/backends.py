@@ -24,7 +24,7 @@ def _milvus(settings: Settings, root: str | Path | None) -> SnapshotStore:
                        prefix=settings.milvus_collection, index_type=settings.milvus_index_type,
                        index_params=_json_setting(settings.milvus_index_params, "PARASEEK_MILVUS_INDEX_PARAMS"),
                        search_params=_json_setting(settings.milvus_search_params, "PARASEEK_MILVUS_SEARCH_PARAMS"),
-                       timeout_s=settings.milvus_timeout_s)
+                       timeout_s=settings.milvus_timeout_s, index_timeout_s=settings.milvus_index_timeout_s)
 
 
 # name -> (settings, a FAISS root given on the command line) -> the store; every SnapshotStore

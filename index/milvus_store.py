@@ -102,15 +102,20 @@ class MilvusStore(SnapshotStore):
     backend = "milvus"
 
     def __init__(self, uri: str, *, token: str | None = None, prefix: str = "paraseek", index_type: str | None = None,
-                 index_params: dict | None = None, search_params: dict | None = None, timeout_s: float = 10.0):
+                 index_params: dict | None = None, search_params: dict | None = None, timeout_s: float = 10.0,
+                 index_timeout_s: float = 3600.0):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,120}$", prefix):
             raise UserError(f"Milvus collection prefix {prefix!r}: letters, digits and underscores, not starting with a digit")
-        self.uri, self.prefix, self.timeout_s = uri, prefix, timeout_s
+        self.uri, self.prefix, self.timeout_s, self.index_timeout_s = uri, prefix, timeout_s, index_timeout_s
         self.index_type, self.index_params, self.search_params = index_type, index_params, search_params
         self.alias = prefix
         self.manifests = f"{prefix}_{MANIFESTS}"
         pymilvus = _pymilvus()
-        self.errors: tuple[type[BaseException], ...] = (pymilvus.MilvusException,)
+        import grpc  # pymilvus' own transport
+
+        # pymilvus wraps most failures in MilvusException, but lets a gRPC deadline or an unreachable
+        # server through as the bare RpcError (seen while a server restarts)
+        self.errors: tuple[type[BaseException], ...] = (pymilvus.MilvusException, grpc.RpcError)
         if is_lite(uri):
             Path(uri).parent.mkdir(parents=True, exist_ok=True)
             # Milvus Lite's in-process gRPC server logs a traceback for the optional AllocTimestamp call
@@ -322,6 +327,7 @@ class MilvusStore(SnapshotStore):
             written = self._count(name)
             if written != count:
                 raise SnapshotError(f"Milvus holds {written} of the {count} vectors written to {name}")
+            self._wait_indexed(name, kind, count)
             location = {"collection": name, "index_type": kind, "index_params": build,
                         "search_params": self.search_params or search}
             probe = MilvusSnapshot(self, draft.manifest(ref, spec, None, 0, None, backend="milvus", location=location))
@@ -341,6 +347,24 @@ class MilvusStore(SnapshotStore):
         if activate:
             self.activate(draft.version)
         return name, manifest
+
+    def _wait_indexed(self, name: str, kind: str, count: int) -> None:
+        """Until the server's index nodes have indexed every flushed segment: a server builds indexes
+        after the flush, in the background, and serves unindexed segments by brute force meanwhile, so
+        a version published earlier would serve (and measure its recall) without its index. An index
+        the server cannot build (e.g. DISKANN on a build without disk-index support, which retries for
+        ever) fails the build after ``index_timeout_s``."""
+        deadline = time.monotonic() + self.index_timeout_s
+        while True:
+            info = self.client.describe_index(name, "vector")
+            pending = int(info.get("pending_index_rows", 0))
+            if not pending and int(info.get("indexed_rows", count)) >= count:
+                return
+            if time.monotonic() > deadline:
+                raise SnapshotError(f"{self.describe()}: the server indexed {info.get('indexed_rows')} of {count} vectors of "
+                                    f"{name} as {kind} in {self.index_timeout_s:.0f} s (PARASEEK_MILVUS_INDEX_TIMEOUT_S); "
+                                    f"its index nodes' log says why")
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _measure_recall(self, probe: MilvusSnapshot, spec: IndexSpec, draft, queries: np.ndarray, query_source: str,
                         target_recall: float | None) -> tuple[IndexSpec, float | None, int, dict | None]:

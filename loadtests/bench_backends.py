@@ -1,16 +1,21 @@
 """FAISS against Milvus on the same vectors and queries, one run, medians, printed side by side.
 
 For each index (FAISS flat / IVF-Flat / HNSW and Milvus FLAT / IVF_FLAT / HNSW with the same
-parameters) it measures: the time to build a version through the store (insert + index + publish),
-recall@10 against exact search, p50 latency at batch 1, queries/s at batch 64, and filtered searches
-matching 1 %, 10 % and 50 % of the collection (p50 at batch 1 and recall@10 against the exact top 10
-among the matching vectors). Each Milvus row ends with its ratio to the FAISS row of the same kind.
+parameters, and Milvus DISKANN, which FAISS has no counterpart of) it measures: the time to build a
+version through the store (insert + index + publish; a Milvus version is published once the server
+has indexed it), recall@10 against exact search, p50 latency at batch 1, queries/s at batch 64, and
+filtered searches matching 1 %, 10 % and 50 % of the collection (p50 at batch 1 and recall@10
+against the exact top 10 among the matching vectors). Each Milvus row ends with its ratio to the FAISS row of the same kind.
 
 The vectors are the index benchmark's synthetic mix around real CLIP image embeddings, the queries
 its noisy real caption embeddings (``paraseek.loadtests.bench_index``). Milvus is Milvus Lite in this
 process unless ``--milvus-uri`` names a server.
 
     python -m paraseek.loadtests.bench_backends [--size 100000] [--data ../shared/data] [--milvus-uri URI]
+        [--kinds flat ivf_flat hnsw diskann]
+
+A Milvus index the server does not build within ``--index-timeout`` (DISKANN on a server without
+disk-index support) is reported as not built, and the run goes on.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from paraseek.core.rank_metrics import overlap_recall
 from paraseek.index.faiss_index import IndexSpec, exact_search, set_threads
 from paraseek.index.filters import SearchFilter
+from paraseek.index.milvus_store import MilvusStore
 from paraseek.index.snapshot import FaissStore
 from paraseek.index.store import SnapshotStore
-from paraseek.index.versions import BundleRef, VersionDraft
+from paraseek.index.versions import BundleRef, SnapshotError, VersionDraft
 from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection, synthetic_queries
 
 REF = BundleRef(name="bench", version="1", image_space="clip-vit-b16/synthetic")
@@ -38,6 +45,8 @@ KINDS = {
     "ivf_flat": IndexSpec(type="ivf_flat", nprobe=32),
     "hnsw": IndexSpec(type="hnsw", hnsw_m=32, ef_construction=200, ef_search=128),
 }
+# Milvus index types without a FAISS counterpart: the MilvusStore arguments that build them
+MILVUS_ONLY: dict[str, dict[str, Any]] = {"diskann": {"index_type": "DISKANN", "search_params": {"search_list": 128}}}
 
 
 def timed(fn, calls: int) -> float:
@@ -54,7 +63,7 @@ def timed(fn, calls: int) -> float:
 def measure(store: SnapshotStore, kind: str, vectors, ids, rows, queries, truth, filtered_truth, calls: int) -> dict:
     draft = VersionDraft(store.new_version_name(), vectors, ids, rows, {"kind": "synthetic"}, {})
     t0 = time.perf_counter()
-    store.write_version(draft, REF, KINDS[kind], queries=queries[:4], query_source="bench")
+    store.write_version(draft, REF, KINDS.get(kind, IndexSpec(type="flat")), queries=queries[:4], query_source="bench")
     build_s = time.perf_counter() - t0
     snap = store.load()
     set_threads(1)
@@ -71,6 +80,8 @@ def measure(store: SnapshotStore, kind: str, vectors, ids, rows, queries, truth,
         out[f"{name}_recall"] = overlap_recall(got, filtered_truth[name])
         out[f"{name}_ms"] = timed(lambda v=view: v.search_ids(queries[next(single) % len(queries)][None], 10), calls) * 1000
     snap.close()
+    if isinstance(store, MilvusStore):  # the server's memory goes to the next kind
+        store.client.release_collection(store.collection(draft.version))
     return out
 
 
@@ -80,11 +91,10 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
     p.add_argument("--size", type=int, default=100_000)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--milvus-uri", default=None, help="a Milvus server (default: Milvus Lite in a temporary folder)")
-    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=[*KINDS, *MILVUS_ONLY])
+    p.add_argument("--index-timeout", type=float, default=900.0, help="seconds a Milvus server may take to index a version")
     p.add_argument("--calls", type=int, default=200, help="timed calls per batch-1 measurement")
     args = p.parse_args(argv)
-
-    from paraseek.index.milvus_store import MilvusStore  # the milvus extra
 
     feats = np.load(args.data / "clip-vitb16-coco500" / "features_clip.npy")
     rng = np.random.default_rng(0)
@@ -107,20 +117,28 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
     results: dict[tuple[str, str], dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
         for kind in args.kinds:
-            for backend in ("faiss", "milvus"):
+            for backend in ("milvus",) if kind in MILVUS_ONLY else ("faiss", "milvus"):
                 if backend == "faiss":
                     store: SnapshotStore = FaissStore(Path(tmp) / f"faiss-{kind}")
                 else:
-                    store = MilvusStore(args.milvus_uri or str(Path(tmp) / "milvus.db"), prefix=f"bench_{kind}")
-                r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
-                                                       args.calls)
-                store.close()
+                    store = MilvusStore(args.milvus_uri or str(Path(tmp) / "milvus.db"), prefix=f"bench_{kind}",
+                                        index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
+                try:
+                    r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
+                                                           args.calls)
+                except SnapshotError as exc:
+                    print(f"{backend:8} {kind:9} not built: {exc}", flush=True)
+                    continue
+                finally:
+                    store.close()
                 line = (f"{backend:8} {kind:9} {r['build_s']:8.2f} {r['recall']:9.3f} {r['b1_ms']:9.2f} {r['b64_qps']:9.0f} "
                         + " ".join(f"{r[n + '_ms']:9.2f} {r[n + '_recall']:9.3f}" for n in SELECTIVITY))
                 print(line, flush=True)
     print("\nMilvus / FAISS, same index kind (time ratios: > 1 means Milvus is slower; QPS ratio: < 1 means Milvus is slower)")
     print(f"{'index':9} {'build':>7} {'b1 p50':>7} {'b64 QPS':>8} " + " ".join(f"{'f' + n:>7}" for n in SELECTIVITY))
     for kind in args.kinds:
+        if ("faiss", kind) not in results or ("milvus", kind) not in results:
+            continue
         f, m = results[("faiss", kind)], results[("milvus", kind)]
         print(f"{kind:9} {m['build_s'] / f['build_s']:7.1f} {m['b1_ms'] / f['b1_ms']:7.1f} {m['b64_qps'] / f['b64_qps']:8.2f} "
               + " ".join(f"{m[n + '_ms'] / f[n + '_ms']:7.1f}" for n in SELECTIVITY))

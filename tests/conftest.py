@@ -217,7 +217,13 @@ MILVUS_LOOPBACK = [arg for component in ("rootCoord", "proxy", "queryCoord", "qu
 class MilvusStandalone:
     """A real Milvus 2.3.5 standalone server (the `milvus` package's binary: its own etcd, coordinators,
     query, index and data nodes, local storage) on free ports; ``stop()`` and ``start()`` again keep its
-    ports and data, as a restart does."""
+    ports and data, as a restart does.
+
+    The first start goes through the package's ``milvus-server`` wrapper, which writes the server's
+    configuration and starts ``milvus run standalone``. A restart runs that server process again as it
+    was (command, folder, environment), as an orchestrator restarts a container: the wrapper checks each
+    port with a bind that TIME_WAIT connections of the stopped server refuse, and then silently moves
+    that component to the next port (the proxy answered on port + 1 after a restart)."""
 
     def __init__(self, exe: Path, data: Path):
         from paraseek.loadtests.net import free_port
@@ -226,6 +232,7 @@ class MilvusStandalone:
         self.ports = {flag: free_port() for flag in MILVUS_PORT_FLAGS}
         self.uri = f"http://127.0.0.1:{self.ports['--proxy-port']}"
         self.proc = None
+        self.server_run: dict | None = None  # how the wrapper ran the server: args, cwd, env
         # the embedded etcd's peer port has no flag (2380 by default: a second server on the machine
         # would fail to bind it): an etcd configuration file of its own sets it
         peer, client = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{self.ports['--etcd-port']}"
@@ -247,19 +254,37 @@ class MilvusStandalone:
         # up, no flag) by probing, and two servers starting together probe the same free port
         with FileLock(Path(tempfile.gettempdir()) / "paraseek-milvus-standalone.lock"):
             log = open(self.data / "server.log", "ab")
-            self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),
-                                          *[str(x) for kv in self.ports.items() for x in kv], *MILVUS_LOOPBACK],
-                                         stdout=log, stderr=log,
-                                         # Milvus reads etcd.config.path from the environment (the wrapper's
-                                         # template has no such key for --extra-config to set)
-                                         env={**os.environ, "ETCD_CONFIG_PATH": str(self.etcd_config)})
+            if self.server_run is None:
+                self.proc = subprocess.Popen([str(self.exe), "--data", str(self.data / "data"),
+                                              *[str(x) for kv in self.ports.items() for x in kv], *MILVUS_LOOPBACK],
+                                             stdout=log, stderr=log,
+                                             # Milvus reads etcd.config.path from the environment (the wrapper's
+                                             # template has no such key for --extra-config to set)
+                                             env={**os.environ, "ETCD_CONFIG_PATH": str(self.etcd_config)})
+            else:
+                self.proc = subprocess.Popen(self.server_run["args"], cwd=self.server_run["cwd"], env=self.server_run["env"],
+                                             stdout=log, stderr=log)
             log.close()
-            started = wait_listening(self.ports["--proxy-port"], 180, process=self.proc) and self._answers(120)
+            started = wait_listening(self.ports["--proxy-port"], 180, process=self.proc) and self._answers(180)
+            if started and self.server_run is None:
+                self.server_run = self._server_run()
         if not started:
             self.stop()
             logs = "".join(p.read_text()[-2000:] for p in [self.data / "server.log", *sorted((self.data / "data" / "logs").glob("*.log"))]
                            if p.is_file())
             pytest.fail(f"Milvus standalone did not start: {logs}")
+
+    def _server_pids(self) -> list[int]:
+        server = str(self.data / "data" / "bin" / "milvus")
+        return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(server)]
+
+    def _server_run(self) -> dict:
+        """The wrapper's child, `milvus run standalone`, as it runs: its arguments, folder and environment."""
+        (pid,) = self._server_pids()
+        proc = Path(f"/proc/{pid}")
+        env = dict(item.split("=", 1) for item in proc.joinpath("environ").read_bytes().decode().split("\0") if "=" in item)
+        return {"args": proc.joinpath("cmdline").read_bytes().decode().split("\0")[:-1], "cwd": os.readlink(proc / "cwd"),
+                "env": env}
 
     def _answers(self, timeout_s: float) -> bool:
         """Until the server answers a request: its proxy port accepting connections is not enough (the
@@ -284,8 +309,7 @@ class MilvusStandalone:
 
         if self.proc is None:
             return
-        server = str(self.data / "data" / "bin" / "milvus")
-        pids = [self.proc.pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(server)]
+        pids = [self.proc.pid, *self._server_pids()]
         for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
             for pid in pids:
                 try:

@@ -343,6 +343,31 @@ def test_index_types_map_to_milvus_or_say_they_cannot():
         native_index(IndexSpec(type="ivf_fp16", nlist=8))
 
 
+def test_a_bare_grpc_error_from_pymilvus_is_an_outage(milvus_store, monkeypatch):
+    """pymilvus lets a gRPC deadline through unwrapped while a server restarts: the search is then
+    unavailable (503), not a crash (500); the one retry for a dropped connection runs too."""
+    import grpc
+
+    from paraseek.index.store import IndexUnavailable
+
+    class DeadlineExceeded(grpc.RpcError):
+        def __str__(self) -> str:
+            return "<_InactiveRpcError of RPC that terminated with: status = StatusCode.UNAVAILABLE>"
+
+    vectors, ids, rows = synthetic(n=300)
+    publish(milvus_store, vectors, ids, rows, IndexSpec(type="flat"))
+    snap = milvus_store.load()
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        raise DeadlineExceeded()
+
+    monkeypatch.setattr(milvus_store.client, "search", failing)
+    with pytest.raises(IndexUnavailable, match="search failed"):
+        snap.search_ids(vectors[:1], 5)
+    assert len(calls) == 2  # tried again once, as a dropped connection is
+
 def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path, request, monkeypatch):
     """The service searches from worker threads (in parallel when batching is off): a filtered view's
     first searches, metadata lookups through Milvus' small LRU and the memory-mapped vectors, all at

@@ -14,6 +14,7 @@ from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.milvus_store import MilvusStore
 from paraseek.index.snapshot import Snapshot
+from paraseek.index.versions import SnapshotError
 from paraseek.cli import app
 from tests.conftest import COCO_VAL_JSON
 from tests.index.test_backends import REF, brute_force, publish, synthetic
@@ -75,6 +76,25 @@ def test_a_new_version_moves_the_alias_and_the_old_one_stays_loadable(milvus_sta
     assert np.mean([len(set(g) & set(w)) / 5 for g, w in zip(got.tolist(), want.tolist())]) >= 0.9
 
 
+def test_a_version_is_published_once_indexed_and_an_index_the_server_cannot_build_fails_the_build(milvus_standalone):
+    """A server indexes flushed segments in the background and serves them by brute force meanwhile: a
+    build publishes only once every vector is indexed. This server build has no disk-index support
+    (DISKANN fails with bad_function_call and its index node retries for ever): such a build fails
+    after the index timeout, drops what it wrote, and the alias stays."""
+    store = MilvusStore(milvus_standalone.uri, prefix="indexed")
+    vectors, ids, rows = synthetic(n=3000)
+    _, first = publish(store, vectors, ids, rows, IndexSpec(type="hnsw"))
+    index = store.client.describe_index(store.collection(first.version), "vector")
+    assert index["index_type"] == "HNSW" and index["indexed_rows"] == 3000 and index["pending_index_rows"] == 0
+
+    disk = MilvusStore(milvus_standalone.uri, prefix="indexed", index_type="DISKANN", search_params={"search_list": 64},
+                       index_timeout_s=20)
+    with pytest.raises(SnapshotError, match=r"indexed 0 of 3000 vectors .* as DISKANN in 20 s"):
+        publish(disk, vectors, ids, rows, IndexSpec(type="flat"))
+    assert store.current_version() == first.version and store.versions() == [first.version]
+    assert [n for n in store.client.list_collections() if n.startswith("indexed_v")] == [store.collection(first.version)]
+
+
 def test_the_service_serves_from_a_real_server(milvus_standalone, starter_bundle, demo_snapshot, tmp_path):
     from paraseek.core.settings import Settings
     from paraseek.service.main import create_app
@@ -91,10 +111,13 @@ def test_the_service_serves_from_a_real_server(milvus_standalone, starter_bundle
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "filter", "caption_contains"]
 
 
-def test_two_replicas_follow_one_engine_through_a_reindex(milvus_standalone, starter_bundle, demo_snapshot,
-                                                                         shared_data, tmp_path):
+def test_two_replicas_follow_one_engine_through_a_reindex_and_a_server_restart(milvus_standalone, starter_bundle,
+                                                                                demo_snapshot, shared_data, tmp_path):
     """Two `paraseek serve` processes on one real server, both under load: a reindex on A publishes and
-    moves the alias, B follows within its poll interval, and no query fails on either."""
+    moves the alias, B follows within its poll interval, and no query fails on either. Then the Milvus
+    server restarts under that load: while it is away requests get 503 with Retry-After and no other
+    error, and both replicas answer again by themselves, from the same version."""
+    import itertools
     import signal
     import threading
     import time
@@ -109,22 +132,28 @@ def test_two_replicas_follow_one_engine_through_a_reindex(milvus_standalone, sta
            "PARASEEK_REINDEX_ROOT": str(shared_data), "PARASEEK_LOG_JSON": "false", "PARASEEK_MILVUS_TIMEOUT_S": "3",
            "NLTK_DATA": str(shared_data / "nltk_data")}
     servers = [start_server({**env, "PARASEEK_HOME": str(tmp_path / name)}, log=tmp_path / f"{name}.log") for name in ("a", "b")]
-    statuses: list[int] = []
+    answers: dict[str, list[tuple[int, str | None]]] = {url: [] for _, url in servers}  # (status, Retry-After) per replica
     stop = threading.Event()
 
-    def load():
-        with httpx.Client(timeout=30) as client:
-            while not stop.is_set():
-                for _, url in servers:
-                    r = client.post(f"{url}/v1/search", json={"query": "a dog on a beach", "k": 5, "expansion": {"method": "none"}})
-                    statuses.append(r.status_code)
-                time.sleep(0.02)
+    def load(url: str) -> None:
+        with httpx.Client(timeout=60) as client:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                # a query of its own each time: an answer from the response cache would hide an outage
+                r = client.post(f"{url}/v1/search", json={"query": f"a dog on a beach {n}", "k": 5, "expansion": {"method": "none"}})
+                answers[url].append((r.status_code, r.headers.get("retry-after")))
+                time.sleep(0.05)
 
     def version(url: str) -> str:
         return httpx.get(f"{url}/v1/info", timeout=10).json()["snapshot"]["version"]
 
-    loader = threading.Thread(target=load)
-    loader.start()
+    def answered_since(mark: dict[str, int]) -> dict[str, list[tuple[int, str | None]]]:
+        return {url: got[mark[url]:] for url, got in answers.items()}
+
+    loaders = [threading.Thread(target=load, args=(url,)) for _, url in servers]
+    for loader in loaders:
+        loader.start()
     try:
         (_, a), (_, b) = servers
         before = version(b)
@@ -140,10 +169,28 @@ def test_two_replicas_follow_one_engine_through_a_reindex(milvus_standalone, sta
         while version(b) == before and time.monotonic() < published + 10:
             time.sleep(0.2)
         assert version(a) == version(b) == state["snapshot_version"]  # B followed within its poll interval
-        assert len(statuses) > 20 and set(statuses) == {200}, sorted(set(statuses))  # no query failed
+        for url, got in answers.items():  # no query failed
+            assert len(got) > 10 and {status for status, _ in got} == {200}, (url, sorted(set(got)))
+
+        mark = {url: len(got) for url, got in answers.items()}
+        milvus_standalone.stop()  # SIGTERM: a restart, as an orchestrator does it
+        time.sleep(3)
+        milvus_standalone.start()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not all(len(got) >= 3 and {s for s, _ in got[-3:]} == {200}
+                                                      for got in answered_since(mark).values()):
+            time.sleep(0.5)
+        during = answered_since(mark)
+        for url, got in during.items():
+            assert {s for s, _ in got} <= {200, 503}, (url, sorted({s for s, _ in got}))  # no other error
+            assert 503 in {s for s, _ in got}, url  # the outage was seen, not answered from a cache
+            assert all(retry for s, retry in got if s == 503), url  # every 503 says when to come back
+            assert {s for s, _ in got[-3:]} == {200}, (url, got[-10:])  # and each replica recovered by itself
+        assert version(a) == version(b) == state["snapshot_version"]  # the alias survived the restart
     finally:
         stop.set()
-        loader.join(60)
+        for loader in loaders:
+            loader.join(90)
         for proc, _ in servers:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
