@@ -20,6 +20,7 @@ from paraseek.index.snapshot import FaissStore, Snapshot
 from paraseek.cli import app
 
 BOTH_BACKENDS = True
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
 HOST_FILE = "/etc/passwd"
 
 
