@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
     p.add_argument("--milvus-uri", default=None, help="a Milvus server (default: Milvus Lite in a temporary folder)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=[*KINDS, *MILVUS_ONLY])
     p.add_argument("--index-timeout", type=float, default=900.0, help="seconds a Milvus server may take to index a version")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds per Milvus call (the recall measurement sends all queries in one search)")
     p.add_argument("--calls", type=int, default=200, help="timed calls per batch-1 measurement")
     args = p.parse_args(argv)
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
                     store: SnapshotStore = FaissStore(Path(tmp) / f"faiss-{kind}")
                 else:
                     store = MilvusStore(args.milvus_uri or str(Path(tmp) / "milvus.db"), prefix=f"bench_{kind}",
-                                        index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
+                                        timeout_s=args.timeout, index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
                 try:
                     r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
                                                            args.calls)
