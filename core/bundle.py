@@ -63,12 +63,41 @@ class ImagePreprocess(BaseModel):
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 
 
+class AgreementEvaluation(BaseModel):
+    """Two graphs of one tower measured side by side: paraphrase stability and retrieval, in points."""
+
+    pairs: str = Field(description="the paraphrase pairs file")
+    images: str = Field(description="the image collection searched")
+    ao_at_10: dict[str, float] = Field(description="graph -> AO@10 on the pairs, 0-100")
+    t2i_r_at_10: dict[str, float] = Field(description="graph -> text-to-image R@10 on the images' captions, 0-100")
+
+    def loss(self, reference: str, candidate: str) -> float:
+        """The larger drop from ``reference`` to ``candidate`` of the two metrics (negative: it scored higher)."""
+        return max(self.ao_at_10[reference] - self.ao_at_10[candidate],
+                   self.t2i_r_at_10[reference] - self.t2i_r_at_10[candidate])
+
+
+class GraphOptimization(BaseModel):
+    """Fused transformer operators that replaced the exported graph, and how close it stayed to it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool: str = Field(description="what fused the graph, with its version")
+    operators: dict[str, int] = Field(description="fused (onnxruntime contrib) operator -> how many the graph holds")
+    cosine_vs_exported_mean: float
+    cosine_vs_exported_min: float
+    speedup: float | None = Field(None, description="exported time / optimised time on the exporting machine")
+    evaluation: AgreementEvaluation | None = Field(
+        None, description="exported vs optimised on paraphrase pairs and retrieval, keys 'exported' and 'optimized'")
+
+
 class TowerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     file: str
     input_names: list[str]
     output_name: str = "embeddings"
+    optimization: GraphOptimization | None = Field(None, description="graph fusions applied at export, if any")
 
 
 # int8 serves by default ("auto" precision) only when it agrees with fp32 and costs no quality
@@ -76,21 +105,16 @@ INT8_MIN_COSINE = 0.99
 INT8_MAX_LOSS_POINTS = 0.5
 
 
-class Int8Evaluation(BaseModel):
-    """fp32 and int8 measured side by side at export: paraphrase stability and retrieval, in points."""
-
-    pairs: str = Field(description="the paraphrase pairs file")
-    images: str = Field(description="the image collection searched")
-    ao_at_10: dict[str, float] = Field(description="{'fp32': …, 'int8': …}, 0-100")
-    t2i_r_at_10: dict[str, float] = Field(description="{'fp32': …, 'int8': …}, 0-100")
+class Int8Evaluation(AgreementEvaluation):
+    """fp32 and int8 measured side by side at export (keys 'fp32' and 'int8')."""
 
     @property
     def loss_points(self) -> float:
-        """The larger drop from fp32 to int8 of the two metrics (negative: int8 scored higher)."""
-        return max(self.ao_at_10["fp32"] - self.ao_at_10["int8"], self.t2i_r_at_10["fp32"] - self.t2i_r_at_10["int8"])
+        return self.loss("fp32", "int8")
 
 
 class QuantizedSpec(TowerSpec):
+    keep_fp32: str | None = Field(None, description="which weight products the quantiser left fp32 (a policy name)")
     # mean cosine similarity between int8 and fp32 embeddings on the calibration texts at export
     cosine_vs_fp32_mean: float
     cosine_vs_fp32_min: float

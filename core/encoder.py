@@ -181,6 +181,14 @@ class Encoder:
             other._solo_session = self._session(other._text_path, solo=True)
         return other
 
+    def with_image_model(self, onnx_path: str | os.PathLike) -> Encoder:
+        """A copy that runs another image graph (exporters compare a candidate graph with it)."""
+        import copy
+
+        other = copy.copy(self)
+        other._image_session = self._session(Path(onnx_path))
+        return other
+
     # -- text ---------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> TokenBatch:
         return self.tokenizer(texts)

@@ -1,6 +1,7 @@
-"""Encoder benchmark: torch eager at 77 tokens vs the bundle runtime (fp32, int8; truncated to the
-longest real sequence), batch 1 and batch 32, for the open_clip ViT-B-32 text tower (random weights:
-speed does not depend on them) and the starter's text tower. All timings in one run, medians.
+"""Encoder benchmark: torch eager at 77 tokens vs the bundle runtime (fp32 as exported, fp32 fused,
+int8; truncated to the longest real sequence), batch 1 and batch 32, for the open_clip ViT-B-32 text
+tower (random weights: speed does not depend on them) and the starter's text tower. All timings in
+one run, medians; "fused x" is the exported graph's time over the fused one's (``graph_optimize``).
 
     paraseek bench encoder [--repeats 30]
     python -m paraseek.loadtests.bench_encoder
@@ -50,15 +51,17 @@ def run(repeats: int = 30, workdir: Path | None = None, threads: int | None = No
     # open_clip ViT-B-32 text tower, random init, and its bundle
     clip = open_clip.create_model("ViT-B-32", pretrained=None).eval()
     clip_tok = open_clip.get_tokenizer("ViT-B-32")
-    export_open_clip_model(clip, tmp / "vitb32", name="vitb32-random", version="bench",
-                           image_space="bench", include_image=False)
+    for name, optimize in (("vitb32", True), ("vitb32-exported", False)):
+        export_open_clip_model(clip, tmp / name, name="vitb32-random", version="bench",
+                               image_space="bench", include_image=False, optimize=optimize)
     quantize_text_tower(tmp / "vitb32", captions)
 
     # starter text tower (MiniLM)
     hf_model, model_dir = load_hf_encoder(minilm_dir())
     minilm = SentenceEncoder(hf_model).eval()
-    export_text_encoder(minilm, model_dir / "tokenizer.json", tmp / "starter-text", name="starter-text",
-                        version="bench", image_space="bench", max_tokens=max_seq_length(model_dir))
+    for name, optimize in (("starter-text", True), ("starter-text-exported", False)):
+        export_text_encoder(minilm, model_dir / "tokenizer.json", tmp / name, name="starter-text", version="bench",
+                            image_space="bench", max_tokens=max_seq_length(model_dir), optimize=optimize)
     quantize_text_tower(tmp / "starter-text", captions)
     from tokenizers import Tokenizer
 
@@ -76,23 +79,26 @@ def run(repeats: int = 30, workdir: Path | None = None, threads: int | None = No
             return minilm(torch.tensor([e.ids for e in enc]), torch.tensor([e.attention_mask for e in enc]))
 
     rows = []
-    for label, eager, bundle in (
+    for label, eager, bundle in (  # fp32 and int8 from the fused graph, "exported" as torch wrote it
         ("open_clip ViT-B-32 text", clip_eager, tmp / "vitb32"),
         ("starter text (MiniLM-L6)", minilm_eager, tmp / "starter-text"),
     ):
+        exported = Encoder(bundle.with_name(bundle.name + "-exported"), threads=threads)
         fp32 = Encoder(bundle, threads=threads)
         int8 = Encoder(bundle, threads=threads, precision="int8")
         for batch_label, inputs in (("1", singles), ("32", batches)):
             t_eager = _median_ms(eager, inputs, repeats)
+            t_exported = _median_ms(exported.encode_text, inputs, repeats)
             t_fp32 = _median_ms(fp32.encode_text, inputs, repeats)
             t_int8 = _median_ms(int8.encode_text, inputs, repeats)
-            rows.append((label, batch_label, t_eager, t_fp32, t_int8))
+            rows.append((label, batch_label, t_eager, t_exported, t_fp32, t_int8))
 
     print(f"\nencoder benchmark: median of {repeats} runs, threads={threads or 'all'}")
-    print(f"{'model':28} {'batch':>5} {'eager77 ms':>11} {'fp32 ms':>9} {'int8 ms':>9} {'fp32 x':>7} {'int8 x':>7}")
+    print(f"{'model':28} {'batch':>5} {'eager77 ms':>11} {'exported ms':>12} {'fp32 ms':>9} {'int8 ms':>9} "
+          f"{'fused x':>8} {'fp32 x':>7} {'int8 x':>7}")
     ok = True
-    for label, b, te, tf, ti in rows:
-        print(f"{label:28} {b:>5} {te:11.2f} {tf:9.2f} {ti:9.2f} {te / tf:7.2f} {te / ti:7.2f}")
+    for label, b, te, tx, tf, ti in rows:
+        print(f"{label:28} {b:>5} {te:11.2f} {tx:12.2f} {tf:9.2f} {ti:9.2f} {tx / tf:8.2f} {te / tf:7.2f} {te / ti:7.2f}")
         if b == "1" and te / ti < TARGET:
             ok = False
     print(f"target: int8 truncated batch-1 >= {TARGET:.0f}x faster than torch eager 77 tokens: {'met' if ok else 'NOT met'}")

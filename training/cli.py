@@ -16,7 +16,7 @@ from paraseek.core.encoder import Encoder
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
-from paraseek.training.export.quantize import quantize_text_tower  # onnxruntime only, no torch
+from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
 from paraseek.training.recipe import list_recipes, load_recipe
 
 models_app = typer.Typer(help="Build, export, quantise and inspect model bundles.", no_args_is_help=True)
@@ -90,19 +90,69 @@ def quantize_cmd(
     bundle: Path = typer.Argument(..., help="Bundle directory."),
     eval_pairs: Optional[Path] = typer.Option(None, help="Paraphrase pairs (TSV) to measure AO@10 on, fp32 vs int8."),
     eval_images: Optional[Path] = typer.Option(None, help="Images (COCO JSON or folder) to search and measure T2I R@10 on."),
+    keep_fp32: Optional[str] = typer.Option(
+        None, help=f"Which weight products stay fp32: {', '.join(KEEP_FP32)} (fastest first), or auto: the fastest "
+        "that qualifies on --eval-pairs/--eval-images. Default: the bundle's current int8 policy, else "
+        f"{DEFAULT_KEEP_FP32}."),
 ):
     """Write (or rewrite) the int8 text tower; with --eval-pairs/--eval-images also measure it against
     fp32 and record that in the manifest, which `auto` precision (the service default) needs to serve it."""
     if (eval_pairs is None) != (eval_images is None):
         raise UserError("give both --eval-pairs and --eval-images, or neither")
-    spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=(eval_pairs, eval_images) if eval_pairs and eval_images else None)
-    console.print(f"int8 text tower: cosine vs fp32 mean {spec.cosine_vs_fp32_mean:.4f}, min {spec.cosine_vs_fp32_min:.4f}")
+    if keep_fp32 is not None and keep_fp32 not in (*KEEP_FP32, "auto"):
+        raise UserError(f"--keep-fp32 must be one of {', '.join(KEEP_FP32)} or auto, not {keep_fp32!r}")
+    if keep_fp32 == "auto" and eval_pairs is None:
+        raise UserError("--keep-fp32 auto measures each policy: give --eval-pairs and --eval-images")
+    spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=(eval_pairs, eval_images) if eval_pairs and eval_images else None,
+                               keep_fp32=keep_fp32)
+    console.print(f"int8 text tower ({spec.keep_fp32} kept fp32): cosine vs fp32 mean {spec.cosine_vs_fp32_mean:.4f}, "
+                  f"min {spec.cosine_vs_fp32_min:.4f}")
     if spec.evaluation is not None:
         e = spec.evaluation
         console.print(f"AO@10 fp32 {e.ao_at_10['fp32']:.2f} int8 {e.ao_at_10['int8']:.2f}; "
                       f"T2I R@10 fp32 {e.t2i_r_at_10['fp32']:.2f} int8 {e.t2i_r_at_10['int8']:.2f}")
     ok, why = spec.qualifies()
     console.print(f"auto precision serves {'int8' if ok else 'fp32'}: {why}")
+
+
+@models_app.command("optimize")
+@user_errors
+def optimize_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    eval_pairs: Optional[Path] = typer.Option(None, help="Paraphrase pairs (TSV): AO@10 of the exported vs the fused text tower."),
+    eval_images: Optional[Path] = typer.Option(None, help="Images (COCO JSON or folder) to search and measure T2I R@10 on."),
+    min_speedup: float = typer.Option(1.0, min=0, help="Keep a fused tower only if it runs at least this much faster "
+                                      "here (exported time / fused time); 0: whenever it agrees."),
+):
+    """Fuse the towers' transformer operators (attention, skip layer norm, bias GELU) where the fused
+    graph agrees with the exported one and is faster, for a bundle exported without it (exporters do it by default);
+    an int8 text tower is rebuilt from the fused graph with its keep-fp32 policy."""
+    from paraseek.core.bundle import write_manifest
+    from paraseek.training.export.graph_optimize import optimize_bundle
+
+    if (eval_pairs is None) != (eval_images is None):
+        raise UserError("give both --eval-pairs and --eval-images, or neither")
+    evaluate_on = (eval_pairs, eval_images) if eval_pairs and eval_images else None
+    manifest = read_manifest(bundle)
+    int8 = manifest.text_int8
+    if int8 is not None:  # quantised from the unfused graph: out of the bundle until it is rebuilt
+        write_manifest(bundle, manifest.model_copy(update={"text_int8": None}))
+    done = optimize_bundle(bundle, demo_captions(), evaluate_on=evaluate_on, min_speedup=min_speedup)
+    for tower, opt in done.items():
+        ops = ", ".join(f"{n} {op}" for op, n in opt.operators.items())
+        console.print(f"{tower} tower fused ({ops}): cosine to exported mean {opt.cosine_vs_exported_mean:.6f}, "
+                      f"min {opt.cosine_vs_exported_min:.6f}; {opt.speedup:.2f}x as fast")
+        if opt.evaluation is not None:
+            e = opt.evaluation
+            console.print(f"AO@10 exported {e.ao_at_10['exported']:.2f} optimized {e.ao_at_10['optimized']:.2f}; "
+                          f"T2I R@10 exported {e.t2i_r_at_10['exported']:.2f} optimized {e.t2i_r_at_10['optimized']:.2f}")
+    if not done:
+        console.print("nothing fused: the towers are already optimised, the rewriter found no pattern it fuses, "
+                      "or the fused graph was no faster here (see --min-speedup)")
+    if int8 is not None:
+        spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=evaluate_on, keep_fp32=int8.keep_fp32)
+        console.print(f"int8 text tower rebuilt ({spec.keep_fp32} kept fp32): auto precision serves "
+                      f"{'int8' if spec.qualifies()[0] else 'fp32'}: {spec.qualifies()[1]}")
 
 
 @models_app.command("export-hf")

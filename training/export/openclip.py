@@ -133,8 +133,10 @@ def export_open_clip_model(
     std: Sequence[float] | None = None,
     include_image: bool = True,
     source: dict | None = None,
+    optimize: bool = True,
 ) -> BundleManifest:
-    """Export an in-memory open_clip model (used by the CLI exporter and by training runs)."""
+    """Export an in-memory open_clip model (used by the CLI exporter and by training runs); ``optimize``:
+    fuse the towers' transformer operators (``graph_optimize``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     text = ClipTextTower(model).eval()
@@ -163,7 +165,7 @@ def export_open_clip_model(
 
     return write_export_manifest(
         out, name=name, version=version, embedding_dim=dim, max_tokens=context_length, image_space=image_space,
-        text_inputs=["input_ids"], cleaning="clip", image_preprocess=preprocess, source=source,
+        text_inputs=["input_ids"], cleaning="clip", image_preprocess=preprocess, source=source, optimize=optimize,
     )
 
 
@@ -177,6 +179,7 @@ def export_open_clip(
     version: str = "1",
     image_space: str | None = None,
     include_image: bool = True,
+    optimize: bool = True,
 ) -> BundleManifest:
     model, cfg = load_open_clip(model_name, pretrained, model_config)
     if model_config is not None and not model_name:
@@ -197,6 +200,7 @@ def export_open_clip(
         mean=pp.get("mean"),
         std=pp.get("std"),
         include_image=include_image,
+        optimize=optimize,
         source={
             "exporter": "open_clip",
             "model_name": model_name,
