@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     max_batch_size: int | None = Field(None, ge=1, le=1024, description="texts per encoder call (default: 8 on CPU, 64 on GPU)")
     # continuous batching: a batch goes as soon as the encoder is free; an optional extra wait for company
     max_wait_ms: float = Field(0.0, ge=0, le=1000)
+    max_company_wait_ms: float = Field(
+        2.0, ge=0, le=1000, description="while another encoder call runs, how long a batch waits for the requests of the "
+        "current load not yet in hand (0: never); at low load nothing waits")
     max_index_batch_size: int = Field(256, ge=1, le=4096, description="query rows per merged index search")
     max_index_wait_ms: float = Field(
         100.0, ge=0, le=1000, description="longest an index search waits for requests being encoded (0: never)")

@@ -12,6 +12,14 @@ its share of what waits (the waiting items over the idle workers), so one call n
 everything while another worker idles. On CPU a small text tower costs about the same per text at
 any batch size, and two single-threaded calls side by side do more than one call on two threads.
 
+Under steady load the requests of a closed loop of clients reach the service one by one (each
+client sends its next request when its answer came back), so a worker that frees up finds one or
+two waiting and the calls stay small, which costs a CPU encoder up to 1.5x per text. With
+``load`` (the number of requests the service held recently, ``RecentPeak``) and
+``max_company_wait_ms``, a worker that forms a batch while another call runs waits, bounded, for the
+requests of that load not yet in hand or in a call: at concurrency 8 on two workers the calls carry
+about 4 texts instead of 2. At low load (no other call running) nothing waits.
+
 A stage whose calls cost nearly the same for one row as for many (an exact scan streams the whole
 collection either way) should not run a batch of one while more rows are already on their way to it.
 ``expect()`` announces a request heading for this batcher from an earlier stage; while announced
@@ -91,12 +99,15 @@ class ContinuousBatcher(Generic[P, R]):
     def __init__(self, run: Callable[[Any, list[P]], list[R]], *, name: str, max_batch_size: int = 64,
                  max_wait_ms: float = 0.0, enabled: bool = True, size: Callable[[P], int] = lambda p: 1,
                  on_batch: Callable[[int], None] | None = None, workers: int = 1, max_expect_wait_ms: float = 0.0,
-                 max_queued: int = 1024, on_wait: Callable[[float], None] | None = None):
+                 max_queued: int = 1024, on_wait: Callable[[float], None] | None = None,
+                 load: Callable[[], int] | None = None, max_company_wait_ms: float = 0.0):
         """``run(key, payloads) -> results`` (one per payload) does one merged call; ``size`` says how
         many units (texts, query rows) a payload holds, for the cap and the metrics; ``workers`` calls
         run at once; announced requests (``expect``) are waited for up to ``max_expect_wait_ms``; past
         ``max_queued`` waiting payloads, ``submit`` raises ``Overloaded``; ``on_wait`` gets each payload's
-        seconds in the queue before its call started."""
+        seconds in the queue before its call started; ``load() -> requests`` the service holds at the
+        current load, whose payloads a batch formed while another call runs waits for, up to
+        ``max_company_wait_ms``."""
         self.run = run
         self.name = name
         self.max_batch_size = max_batch_size
@@ -108,11 +119,14 @@ class ContinuousBatcher(Generic[P, R]):
         self.workers = max(1, workers)
         self.max_expect_wait = max_expect_wait_ms / 1000.0
         self.max_queued = max_queued
+        self.load = load
+        self.max_company_wait = max_company_wait_ms / 1000.0
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
         self._queue: asyncio.Queue[_Item] | None = None
         self._tasks: list[asyncio.Task] = []
         self._expected = 0  # announced requests not yet submitted
         self._idle = 0  # workers not running a call
+        self._running = 0  # payloads in calls now running
 
     async def start(self) -> None:
         if self.enabled and not self._tasks:
@@ -170,16 +184,19 @@ class ContinuousBatcher(Generic[P, R]):
             items = [first]
             units = self.size(first.payload)
             # this worker's share of what waits; the other idle workers take the rest at once
-            share = math.ceil((queue.qsize() + 1) / max(1, self._idle)) if self.workers > 1 else self.max_batch_size
+            share = self._share(queue.qsize() + 1)
             now = time.monotonic()
             deadline, expect_deadline = now + self.max_wait, now + self.max_expect_wait
+            company_deadline = now + self.max_company_wait
             while units < self.max_batch_size and len(items) < share:
                 if not queue.empty():
                     item = queue.get_nowait()
                 else:
-                    # no more waiting: go now, unless announced requests are on their way (bounded) or
-                    # an extra wait for company is configured
-                    timeout = max(deadline, expect_deadline if self._expected > 0 else now) - time.monotonic()
+                    # no more waiting: go now, unless announced requests are on their way (bounded), the
+                    # current load's requests are (bounded, while another call runs), or an extra wait for
+                    # company is configured
+                    company_wait = company_deadline if self._running > 0 else now
+                    timeout = max(deadline, company_wait, expect_deadline if self._expected > 0 else now) - time.monotonic()
                     if timeout <= 0:
                         break
                     try:
@@ -199,6 +216,17 @@ class ContinuousBatcher(Generic[P, R]):
             finally:
                 self._idle += 1
 
+    def _share(self, waiting: int) -> int:
+        """How many payloads this worker's next call takes. One worker: everything waiting. Several:
+        what waits split among the idle workers, or with ``load`` the load split among all workers,
+        so that under steady load the calls are even (a worker taking everything queued while the
+        other runs leaves that one the stragglers: calls of 7 and 1 instead of 4 and 4)."""
+        if self.workers == 1:
+            return self.max_batch_size
+        if self.load is None or self.max_company_wait <= 0:
+            return math.ceil(waiting / max(1, self._idle))
+        return math.ceil(max(self.load(), waiting + self._running) / self.workers)
+
     async def _dispatch(self, items: list[_Item]) -> None:
         loop = asyncio.get_running_loop()
         live = [item for item in items if not item.future.done()]  # a cancelled request needs no work
@@ -211,6 +239,7 @@ class ContinuousBatcher(Generic[P, R]):
             now = time.monotonic()
             for item in live:
                 self.on_wait(now - item.queued_at)
+        self._running += len(live)
         try:
             results = await loop.run_in_executor(self._executor, run, key, [item.payload for item in live])
         except Exception as exc:
@@ -226,8 +255,38 @@ class ContinuousBatcher(Generic[P, R]):
                 else:
                     _settle(item.future, result=result)
             return
+        finally:
+            self._running -= len(live)
         for item, result in zip(live, results):
             _settle(item.future, result=result)
+
+
+class RecentPeak:
+    """The largest value observed in the last ``window_s`` to ``2 * window_s`` seconds (two buckets:
+    constant time and memory): the service's concurrency, which a moment's count understates because
+    the clients of a closed loop are between requests part of the time."""
+
+    def __init__(self, window_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        self.window = window_s
+        self.clock = clock
+        self._start = clock()
+        self._current = self._previous = 0
+
+    def _roll(self) -> None:
+        elapsed = self.clock() - self._start
+        if elapsed >= self.window:
+            # one window passed: the current bucket becomes the previous; two or more: both are stale
+            self._previous = self._current if elapsed < 2 * self.window else 0
+            self._current = 0
+            self._start = self.clock()
+
+    def observe(self, value: int) -> None:
+        self._roll()
+        self._current = max(self._current, value)
+
+    def __call__(self) -> int:
+        self._roll()
+        return max(self._current, self._previous)
 
 
 class LoneCallGate:

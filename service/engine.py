@@ -21,13 +21,13 @@ import numpy as np
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
-from paraseek.core.memory import limit_malloc_arenas, release_free_memory
+from paraseek.core.memory import freeze_long_lived, limit_malloc_arenas
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
-from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, encode_texts, search_rows
+from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, RecentPeak, encode_texts, search_rows
 from paraseek.service.cache import Cache, params_key
 from paraseek.service.embedding import cached_texts
 from paraseek.service.errors import RequestError, StaleSwap
@@ -66,6 +66,7 @@ def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             self.metrics.shed.labels("in_flight").inc()
             raise Overloaded(f"{self.in_flight} requests are being answered (PARASEEK_MAX_IN_FLIGHT)")
         self.in_flight += 1
+        self.recent_in_flight.observe(self.in_flight)
         self.metrics.in_flight.set(self.in_flight)
         try:
             return await asyncio.wait_for(method(self, *args, **kwargs), self.settings.request_timeout_s)
@@ -109,6 +110,7 @@ class SearchEngine:
             failures_to_open=settings.redis_failures_to_open, embedding_ttl_s=settings.embedding_ttl_s,
             result_ttl_s=settings.result_ttl_s, lru_size=settings.lru_size,
         )
+        self.recent_in_flight = RecentPeak()  # the load the encoder batcher forms its batches for
         # the request pipeline: texts -> encoder batch -> index batch -> results; each stage merges
         # concurrent requests into one call on its own thread
         self.encoder_batcher: ContinuousBatcher = ContinuousBatcher(
@@ -116,6 +118,7 @@ class SearchEngine:
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
             workers=encoder_workers(settings), max_queued=settings.max_queued_batches,
             on_wait=metrics.batch_wait.labels("encoder").observe,
+            load=self.recent_in_flight, max_company_wait_ms=settings.max_company_wait_ms,
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
             search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
@@ -167,6 +170,7 @@ class SearchEngine:
                 self.expansion_sources.caption_bank(active)
             except RequestError as exc:
                 log.warning("default expansion 'bank' unavailable: %s", exc)
+        freeze_long_lived()  # what is loaded by now lives as long as the service (or until a swap)
 
     async def stop(self) -> None:
         if getattr(self, "_watcher", None) is not None:
@@ -225,7 +229,8 @@ class SearchEngine:
         self.metrics.index_size.set(len(active.snapshot))
         self.metrics.serving(active.snapshot.version, active.snapshot.backend, f"{active.encoder.name}:{active.encoder.version}")
         if replaces is not None and replaces is not active:
-            release_free_memory()  # the replaced encoder/index: back to the OS, not just to the heap
+            # the replaced encoder/index back to the OS, not just to the heap; the new one out of the collector's reach
+            freeze_long_lived()
 
     @property
     def ready(self) -> bool:

@@ -40,6 +40,40 @@ def test_release_returns_freed_heap_to_the_os():
     assert grown - before > 150 and after - before < (grown - before) / 2
 
 
+_FREEZE_SCRIPT = """
+import gc
+from paraseek.core.memory import freeze_long_lived
+
+class Node:
+    pass
+
+state = [Node() for _ in range(50_000)]  # the long-lived state: what a server loaded
+freeze_long_lived()
+assert gc.get_freeze_count() >= 50_000
+# a full collection no longer looks at the frozen state
+tracked = len(gc.get_objects())
+assert tracked < 50_000, tracked
+
+# what a reload replaced: a cycle frozen with the old state is freed by the next freeze_long_lived
+a, b = Node(), Node()
+a.other, b.other = b, a
+import weakref
+gone = weakref.ref(a)
+freeze_long_lived()
+del a, b
+assert gone() is not None  # frozen: out of the collector's reach
+freeze_long_lived()
+assert gone() is None
+print("ok")
+"""
+
+
+def test_freeze_long_lived_keeps_full_collections_off_the_loaded_state_and_frees_what_was_replaced():
+    out = subprocess.run([sys.executable, "-c", _FREEZE_SCRIPT], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "ok"
+
+
 def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_path):
     from paraseek.core.settings import Settings
     from paraseek.service.runtime import load_encoder

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, encode_texts, search_rows
+from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, RecentPeak, encode_texts, search_rows
 
 
 class FakeEncoder:
@@ -263,6 +263,100 @@ def test_workers_run_calls_side_by_side_and_share_what_waits():
     assert [r[0][0, 0] for r in results] == [2.0] * 2 + [2.0] * 10 + [3.0] * 2
 
 
+def _held_encoder(release: threading.Event):
+    """An encoder whose calls all wait for ``release``: the test decides when calls end."""
+    def encode(model, texts):
+        release.wait(10)
+        return np.array([[float(len(t)), float(model)] for t in texts], np.float32), [False] * len(texts)
+    return encode
+
+
+def test_under_steady_load_a_batch_waits_for_its_share_of_the_load():
+    """Load 8 on two workers: while one worker's call of 4 runs, the other does not go with the one
+    request that arrived first; it waits (bounded) for the others of its share, which arrive one by
+    one as a closed loop of clients sends them, and runs them in one call of 4."""
+    release = threading.Event()
+    calls: list[int] = []
+    batcher = _encoder_batcher(_held_encoder(release), workers=2, on_batch=calls.append,
+                               load=lambda: 8, max_company_wait_ms=1000)
+
+    async def go():
+        await batcher.start()
+        try:
+            running = [asyncio.create_task(batcher.submit(1, [f"r{i}"])) for i in range(4)]
+            await asyncio.sleep(0.05)  # one worker holds a call of 4 (its share of 8 on 2 workers)
+            arriving = []
+            for i in range(4):  # the rest of the load arrives one by one
+                arriving.append(asyncio.create_task(batcher.submit(1, [f"a{i}"])))
+                await asyncio.sleep(0.02)
+            release.set()
+            return await asyncio.gather(*running, *arriving)
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(go())
+    assert calls == [4, 4]
+    assert len(results) == 8
+
+
+def test_the_wait_for_the_loads_share_is_bounded_and_skipped_when_no_call_runs():
+    release = threading.Event()
+    release.set()
+    calls: list[int] = []
+    batcher = _encoder_batcher(_held_encoder(release), workers=2, on_batch=calls.append,
+                               load=lambda: 8, max_company_wait_ms=5000)
+
+    async def go():
+        await batcher.start()
+        try:
+            started = asyncio.get_running_loop().time()
+            await batcher.submit(1, ["alone"])  # nothing else runs: the cores are free, it goes at once
+            return asyncio.get_running_loop().time() - started
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(go()) < 1.0 and calls == [1]
+
+    hold = threading.Event()
+    calls.clear()
+    batcher = _encoder_batcher(_held_encoder(hold), workers=2, on_batch=calls.append,
+                               load=lambda: 8, max_company_wait_ms=200)
+
+    async def bounded():
+        await batcher.start()
+        try:
+            running = [asyncio.create_task(batcher.submit(1, [f"r{i}"])) for i in range(4)]
+            await asyncio.sleep(0.05)
+            started = asyncio.get_running_loop().time()
+            waiting = asyncio.create_task(batcher.submit(1, ["only"]))
+            while not calls[1:]:  # the second worker's call starts after its bounded wait
+                await asyncio.sleep(0.01)
+            waited = asyncio.get_running_loop().time() - started
+            hold.set()
+            await asyncio.gather(*running, waiting)
+            return waited
+        finally:
+            await batcher.stop()
+
+    waited = asyncio.run(bounded())
+    assert 0.15 <= waited < 2.0 and calls == [4, 1]
+
+
+def test_recent_peak_remembers_the_load_for_one_to_two_windows():
+    now = [0.0]
+    peak = RecentPeak(window_s=1.0, clock=lambda: now[0])
+    for value in (3, 8, 2):
+        peak.observe(value)
+    assert peak() == 8
+    now[0] = 1.5  # one window later: still the previous window's peak
+    peak.observe(1)
+    assert peak() == 8
+    now[0] = 2.6  # the window that saw 8 is gone
+    assert peak() == 1
+    now[0] = 10.0  # long idle: nothing recent
+    assert peak() == 0
+
+
 def test_a_lone_call_runs_alone_and_calls_that_start_during_it_wait_for_it():
     gate = LoneCallGate()
     with gate.call() as lone:
@@ -344,6 +438,7 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
 
     class Engine:
         in_flight = 0
+        recent_in_flight = RecentPeak()
         settings = Settings(max_in_flight=1)
         metrics = ServiceMetrics()
 
@@ -357,6 +452,7 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
 
     engine = Engine()
     assert asyncio.run(engine.answer()) == 1
+    assert engine.recent_in_flight() == 1  # the load the encoder batcher forms its batches for
     with pytest.raises(ValueError):
         asyncio.run(engine.fail())
     assert engine.in_flight == 0
