@@ -78,7 +78,7 @@ def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_pa
     from paraseek.core.settings import Settings
     from paraseek.service.runtime import load_encoder
 
-    enc = load_encoder(starter_bundle, Settings(home=tmp_path))
+    enc = load_encoder(starter_bundle, Settings(home=tmp_path, precision="fp32"))
     assert enc.memory_arena is False
     assert enc._text_session.get_session_options().enable_cpu_mem_arena is False
     assert Encoder(starter_bundle, load_image=False)._text_session.get_session_options().enable_cpu_mem_arena is True

@@ -55,8 +55,10 @@ def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path, backend,
     os.environ.setdefault("NLTK_DATA", str(shared_data / "nltk_data"))
 
     def make(**overrides) -> Settings:
+        # fp32: the hand computations the tests compare with run the fp32 tower (``auto`` picks int8 for
+        # the starters); tests of int8 serving name it
         base = dict(bundle=starter_bundle, snapshot=demo_snapshot, admin_token=ADMIN_TOKEN, log_json=False,
-                    llm_cache=tmp_path / "llm-cache.jsonl", home=tmp_path / "home")
+                    llm_cache=tmp_path / "llm-cache.jsonl", home=tmp_path / "home", precision="fp32")
         base.update(overrides)
         if backend == "milvus" and "index_backend" not in overrides:
             base.update(milvus_settings(request.getfixturevalue("milvus_lite_uri"), Path(base["snapshot"])))
@@ -154,6 +156,7 @@ def uvicorn_server(starter_bundle, shared_data, tmp_path):
         server_env = {"PARASEEK_BUNDLE": str(starter_bundle), "PARASEEK_SNAPSHOT": str(snapshot),
                       "PARASEEK_ADMIN_TOKEN": ADMIN_TOKEN, "PARASEEK_LOG_JSON": "true",
                       "NLTK_DATA": str(shared_data / "nltk_data"), "PARASEEK_HOME": str(tmp_path / "home"),
+                      "PARASEEK_PRECISION": "fp32",  # as make_settings: what the tests compute by hand
                       **{k: str(v) for k, v in env.items()}}
         try:
             proc, url = start_server(server_env, log=tmp_path / f"server-{port}.log", port=port, timeout=60)

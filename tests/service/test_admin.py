@@ -252,7 +252,7 @@ def test_a_reload_during_a_reindex_is_not_reverted(make_settings, snapshot_copy,
     # the root of the file system: the shared data and the test's bundle are both allowed
     with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root="/"))) as c:
         before = c.get("/v1/info").json()
-        assert before["bundle"]["precision"] == "fp32"  # the plain starter's gate keeps fp32
+        assert before["bundle"]["precision"] == "fp32"  # the tests' settings serve fp32
         job_id = c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json")},
                         headers=AUTH).json()["id"]
         assert building.wait(60)
