@@ -84,6 +84,13 @@ def export_openclip_cmd(
     console.print(f"bundle {manifest.name} written to {out} (image_space {manifest.image_space})")
 
 
+def _evaluation_data(eval_pairs: Path | None, eval_images: Path | None) -> tuple[Path, Path] | None:
+    """(pairs, images) to measure two text towers side by side on, or None; one without the other is an error."""
+    if (eval_pairs is None) != (eval_images is None):
+        raise UserError("give both --eval-pairs and --eval-images, or neither")
+    return (eval_pairs, eval_images) if eval_pairs is not None and eval_images is not None else None
+
+
 @models_app.command("quantize")
 @user_errors
 def quantize_cmd(
@@ -97,14 +104,12 @@ def quantize_cmd(
 ):
     """Write (or rewrite) the int8 text tower; with --eval-pairs/--eval-images also measure it against
     fp32 and record that in the manifest, which `auto` precision (the service default) needs to serve it."""
-    if (eval_pairs is None) != (eval_images is None):
-        raise UserError("give both --eval-pairs and --eval-images, or neither")
+    evaluate_on = _evaluation_data(eval_pairs, eval_images)
     if keep_fp32 is not None and keep_fp32 not in (*KEEP_FP32, "auto"):
         raise UserError(f"--keep-fp32 must be one of {', '.join(KEEP_FP32)} or auto, not {keep_fp32!r}")
-    if keep_fp32 == "auto" and eval_pairs is None:
+    if keep_fp32 == "auto" and evaluate_on is None:
         raise UserError("--keep-fp32 auto measures each policy: give --eval-pairs and --eval-images")
-    spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=(eval_pairs, eval_images) if eval_pairs and eval_images else None,
-                               keep_fp32=keep_fp32)
+    spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=evaluate_on, keep_fp32=keep_fp32)
     console.print(f"int8 text tower ({spec.keep_fp32} kept fp32): cosine vs fp32 mean {spec.cosine_vs_fp32_mean:.4f}, "
                   f"min {spec.cosine_vs_fp32_min:.4f}")
     if spec.evaluation is not None:
@@ -130,9 +135,7 @@ def optimize_cmd(
     from paraseek.core.bundle import write_manifest
     from paraseek.training.export.graph_optimize import optimize_bundle
 
-    if (eval_pairs is None) != (eval_images is None):
-        raise UserError("give both --eval-pairs and --eval-images, or neither")
-    evaluate_on = (eval_pairs, eval_images) if eval_pairs and eval_images else None
+    evaluate_on = _evaluation_data(eval_pairs, eval_images)
     manifest = read_manifest(bundle)
     int8 = manifest.text_int8
     if int8 is not None:  # quantised from the unfused graph: out of the bundle until it is rebuilt

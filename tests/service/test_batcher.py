@@ -271,14 +271,19 @@ def _held_encoder(release: threading.Event):
     return encode
 
 
+def _loaded_batcher(release: threading.Event, calls: list[int], wait_ms: float) -> ContinuousBatcher:
+    """Two workers at a steady load of 8 requests."""
+    return _encoder_batcher(_held_encoder(release), workers=2, on_batch=calls.append, load=lambda: 8,
+                            max_company_wait_ms=wait_ms)
+
+
 def test_under_steady_load_a_batch_waits_for_its_share_of_the_load():
     """Load 8 on two workers: while one worker's call of 4 runs, the other does not go with the one
     request that arrived first; it waits (bounded) for the others of its share, which arrive one by
     one as a closed loop of clients sends them, and runs them in one call of 4."""
     release = threading.Event()
     calls: list[int] = []
-    batcher = _encoder_batcher(_held_encoder(release), workers=2, on_batch=calls.append,
-                               load=lambda: 8, max_company_wait_ms=1000)
+    batcher = _loaded_batcher(release, calls, 1000)
 
     async def go():
         await batcher.start()
@@ -303,8 +308,7 @@ def test_the_wait_for_the_loads_share_is_bounded_and_skipped_when_no_call_runs()
     release = threading.Event()
     release.set()
     calls: list[int] = []
-    batcher = _encoder_batcher(_held_encoder(release), workers=2, on_batch=calls.append,
-                               load=lambda: 8, max_company_wait_ms=5000)
+    batcher = _loaded_batcher(release, calls, 5000)
 
     async def go():
         await batcher.start()
@@ -319,8 +323,7 @@ def test_the_wait_for_the_loads_share_is_bounded_and_skipped_when_no_call_runs()
 
     hold = threading.Event()
     calls.clear()
-    batcher = _encoder_batcher(_held_encoder(hold), workers=2, on_batch=calls.append,
-                               load=lambda: 8, max_company_wait_ms=200)
+    batcher = _loaded_batcher(hold, calls, 200)
 
     async def bounded():
         await batcher.start()

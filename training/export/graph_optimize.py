@@ -184,8 +184,11 @@ def optimize_bundle(bundle_dir: str | Path, probe_texts: Sequence[str],
                 continue
             evaluation = None
             if evaluate_on is not None and tower == "text":
-                evaluation = measure_side_by_side(bundle_dir, *evaluate_on, {
-                    "exported": lambda fp32: fp32, "optimized": lambda fp32, fused=candidate: fp32.with_text_model(fused)})
+                def optimized(fp32: Encoder, fused_path: Path = candidate) -> Encoder:
+                    return fp32.with_text_model(fused_path)
+
+                evaluation = measure_side_by_side(bundle_dir, *evaluate_on, {"exported": lambda fp32: fp32,
+                                                                              "optimized": optimized})
             fused_files[path] = candidate
             done[tower] = GraphOptimization(
                 tool=f"onnxscript {onnxscript.__version__} optimize_for_ort", operators=operators,
