@@ -86,7 +86,6 @@ class GraphOptimization(BaseModel):
     operators: dict[str, int] = Field(description="fused (onnxruntime contrib) operator -> how many the graph holds")
     cosine_vs_exported_mean: float
     cosine_vs_exported_min: float
-    speedup: float | None = Field(None, description="exported time / optimised time on the exporting machine")
     evaluation: AgreementEvaluation | None = Field(
         None, description="exported vs optimised on paraphrase pairs and retrieval, keys 'exported' and 'optimized'")
 

@@ -25,7 +25,7 @@ def test_starter_text_tower_is_fused_and_agrees(starter_bundle):
     assert opt is not None and opt.tool.startswith("onnxscript")
     # MiniLM has 6 layers: one Attention, one BiasGelu and two skip layer norms each
     assert opt.operators == {"Attention": 6, "BiasGelu": 6, "SkipLayerNormalization": 12}
-    assert opt.cosine_vs_exported_min >= FUSED_MIN_COSINE and opt.speedup > 0
+    assert opt.cosine_vs_exported_min >= FUSED_MIN_COSINE
     graph = onnx.load(str(starter_bundle / m.text.file)).graph
     assert fused_operators(onnx.load(str(starter_bundle / m.text.file))) == opt.operators
     # attention reads the raw mask (mask_index), not a bias computed from it, so int8 can quantise it
@@ -79,39 +79,34 @@ def _unfused_tiny_clip(tiny_clip, tmp_path):
 
 def test_open_clip_towers_fuse_and_agree(tiny_clip, tmp_path):
     bundle = _unfused_tiny_clip(tiny_clip, tmp_path)
-    done = optimize_bundle(bundle, TEXTS, min_speedup=0)  # the tiny model's timings are noise: mechanics only
+    done = optimize_bundle(bundle, TEXTS, any_fusion=True)
     m = read_manifest(bundle)
     assert set(done) == {"text", "image"} and m.text.optimization == done["text"] and m.image.optimization == done["image"]
     for spec in (m.text, m.image):
         assert spec.optimization.cosine_vs_exported_min >= FUSED_MIN_COSINE
         assert spec.optimization.operators.get("SkipLayerNormalization", 0) > 0
-        assert spec.optimization.speedup > 0
     # CLIP's causal attention fuses to MultiHeadAttention (no padding mask: nothing to rewrite)
     assert m.text.optimization.operators.get("MultiHeadAttention", 0) > 0
     assert fused_operators(onnx.load(str(bundle / "text.onnx"))) == m.text.optimization.operators
 
 
-def test_a_fused_graph_no_faster_than_the_exported_one_is_not_kept(tiny_clip, tmp_path, monkeypatch):
+def test_a_clip_graph_without_a_fused_attention_stays_as_exported(tiny_clip, tmp_path):
+    """CLIP's towers fuse only to MultiHeadAttention, layer norms and GELUs (slower than the exported
+    graph, which onnxruntime fuses itself at load): by default they stay as exported."""
     bundle = _unfused_tiny_clip(tiny_clip, tmp_path)
-    before = sha256_file(bundle / "text.onnx")
-    monkeypatch.setattr(graph_optimize, "_speedup", lambda exported, fused, tower, texts: 0.95 if tower == "text" else 1.2)
-    done = optimize_bundle(bundle, TEXTS)
-    assert set(done) == {"image"} and done["image"].speedup == 1.2
-    assert sha256_file(bundle / "text.onnx") == before and read_manifest(bundle).text.optimization is None
+    before = {name: sha256_file(bundle / name) for name in ("text.onnx", "image.onnx")}
+    assert optimize_bundle(bundle, TEXTS) == {}
+    assert {name: sha256_file(bundle / name) for name in before} == before
+    m = read_manifest(bundle)
+    assert m.text.optimization is None and m.image.optimization is None
     assert not list(bundle.glob("*.fused.onnx"))
-
-
-def test_speedup_is_measured_on_both_graphs(starter_bundle):
-    enc = Encoder(starter_bundle, load_image=False)
-    # the same graph against itself: as fast, within timing noise
-    assert 0.5 < graph_optimize._speedup(enc, enc, "text", TEXTS) < 2.0
 
 
 def test_a_fusion_that_disagrees_is_not_applied(tiny_clip, tmp_path, monkeypatch):
     bundle = _unfused_tiny_clip(tiny_clip, tmp_path)
     before = sha256_file(bundle / "text.onnx")
     monkeypatch.setattr(graph_optimize, "_agreement", lambda *a: np.array([1.0, 0.99]))
-    assert optimize_bundle(bundle, TEXTS, min_speedup=0) == {}
+    assert optimize_bundle(bundle, TEXTS, any_fusion=True) == {}
     assert sha256_file(bundle / "text.onnx") == before
     assert read_manifest(bundle).text.optimization is None
     assert not list(bundle.glob("*.fused.onnx"))
@@ -125,14 +120,14 @@ def test_models_optimize_fuses_an_old_bundle_and_rebuilds_int8(tiny_clip, tmp_pa
     quantize_text_tower(bundle, TEXTS, keep_fp32="none")
     reference = Encoder(bundle, load_image=True)
     texts_before = reference.encode_text(TEXTS)
-    r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--min-speedup", "0"])
+    r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--any-fusion"])
     assert r.exit_code == 0, r.output
     assert "text tower fused" in r.output and "image tower fused" in r.output
     m = read_manifest(bundle)
     assert m.text.optimization is not None and m.text_int8 is not None
     assert m.text_int8.keep_fp32 == "none"  # re-quantised with the bundle's own policy
     assert np.sum(Encoder(bundle).encode_text(TEXTS) * texts_before, axis=1).min() >= FUSED_MIN_COSINE
-    r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--min-speedup", "0"])
+    r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--any-fusion"])
     assert r.exit_code == 0 and "nothing fused" in r.output
 
 
@@ -151,7 +146,7 @@ def test_models_optimize_records_the_side_by_side_evaluation(starter_bundle, sha
     export_text_encoder(text.eval(), model_dir / "tokenizer.json", bundle, name="unfused", version="1",
                         image_space=IMAGE_SPACE, max_tokens=max_seq_length(model_dir),
                         image_preprocess=LITE_PREPROCESS, optimize=False)
-    r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--min-speedup", "0",
+    r = CliRunner().invoke(app, ["models", "optimize", str(bundle),
                                  "--eval-pairs", str(shared_data / "paraphrase" / "cxc_dev_pairs.tsv"),
                                  "--eval-images", str(shared_data / "coco-mini" / "captions_val2017.json")])
     assert r.exit_code == 0, r.output

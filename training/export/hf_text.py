@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from paraseek.core.bundle import BundleManifest, ImagePreprocess
-from paraseek.training.export.graph_optimize import MIN_SPEEDUP
 from paraseek.training.export.manifest import write_export_manifest
 from paraseek.training.export.onnx_export import export_onnx
 
@@ -85,12 +84,10 @@ def export_text_encoder(
     extra_files: dict[str, Path] | None = None,
     image_preprocess: ImagePreprocess | None = None,
     optimize: bool = True,
-    min_speedup: float = MIN_SPEEDUP,
 ) -> BundleManifest:
     """Write ``text.onnx`` + ``tokenizer.json`` (+ any other files) and the manifest; with
     ``image_preprocess`` the bundle's ``image.onnx`` is already in ``out_dir`` and is listed too.
-    ``optimize``: fuse the towers' transformer operators where that is ``min_speedup`` times as fast
-    (``graph_optimize``)."""
+    ``optimize``: fuse the towers' transformer operators (``graph_optimize``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = torch.randint(1000, 2000, (2, 9))
@@ -109,7 +106,7 @@ def export_text_encoder(
     return write_export_manifest(
         out, name=name, version=version, embedding_dim=dim, max_tokens=max_tokens, image_space=image_space,
         text_inputs=["input_ids", "attention_mask"], cleaning="none", image_preprocess=image_preprocess,
-        source=source, optimize=optimize, min_speedup=min_speedup,
+        source=source, optimize=optimize,
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from paraseek.core.bundle import BundleManifest, ImagePreprocess, TokenizerSpec, TowerSpec, read_manifest, write_manifest
 from paraseek.core.demo import demo_captions
-from paraseek.training.export.graph_optimize import MIN_SPEEDUP, optimize_bundle
+from paraseek.training.export.graph_optimize import optimize_bundle
 
 TEXT_FILE, IMAGE_FILE, TOKENIZER_FILE = "text.onnx", "image.onnx", "tokenizer.json"
 
@@ -25,12 +25,10 @@ def write_export_manifest(
     image_preprocess: ImagePreprocess | None = None,
     source: dict | None = None,
     optimize: bool = True,
-    min_speedup: float = MIN_SPEEDUP,
 ) -> BundleManifest:
     """``text.onnx`` + ``tokenizer.json`` (+ ``image.onnx`` when ``image_preprocess`` is given) in
     ``out_dir`` -> a verified ``manifest.json`` with their sha256s. ``optimize``: replace the towers
-    by their fused graphs where those agree with the exported ones and run at least ``min_speedup`` times
-as fast (``graph_optimize``)."""
+    by their fused graphs where those agree with the exported ones and gain from it (``graph_optimize``)."""
     manifest = BundleManifest(
         name=name,
         version=version,
@@ -44,6 +42,6 @@ as fast (``graph_optimize``)."""
         source=source or {},
     )
     manifest = write_manifest(out_dir, manifest)
-    if optimize and optimize_bundle(out_dir, demo_captions(), min_speedup=min_speedup):
+    if optimize and optimize_bundle(out_dir, demo_captions()):
         manifest = read_manifest(out_dir)
     return manifest
