@@ -20,6 +20,7 @@ from tqdm import tqdm
 from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
 from paraseek.index.faiss_index import (
+    AUTO_TARGET_RECALL,
     IndexSpec,
     create_index,
 )
@@ -182,6 +183,15 @@ def _finish(store: SnapshotStore, draft: VersionDraft, encoder: Encoder, spec: I
                                target_recall=target_recall, activate=activate)
 
 
+def default_target_recall(spec: IndexSpec | None, target_recall: float | None) -> float | None:
+    """The recall to tune for: the one asked, or for an ``auto`` index (which turns approximate past
+    the exact limit) ``AUTO_TARGET_RECALL``, so the default needs no expert flag. Exact indexes are
+    never tuned (``measure_recall_with``)."""
+    if target_recall is None and (spec is None or spec.type == "auto"):
+        return AUTO_TARGET_RECALL
+    return target_recall
+
+
 def build_snapshot(
     source: str | Path | ImageSource,
     encoder: Encoder,
@@ -229,7 +239,8 @@ def build_snapshot(
                       "annotations": str(src.annotations.resolve()) if src.annotations else None,
                       "image_roots": [str(src.root.resolve())]}
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
-        where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate, target_recall=target_recall)
+        where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate,
+                                  target_recall=default_target_recall(spec, target_recall))
     except BaseException:
         store.abort_version(version)  # nothing half-written stays behind; current untouched
         raise
@@ -378,6 +389,7 @@ def build_snapshot_from_vectors(
     is measured, and with ``target_recall`` tuned, on; without them a sample of the vectors stands in.
     """
     src = source if isinstance(source, VectorSource) else open_vector_source(source, metadata)
+    target_recall = default_target_recall(spec, target_recall)
     if not image_space.strip():
         raise BuildError("name the image space the vectors came from (--image-space, or --bundle with that image tower)")
     store = as_store(out_root)

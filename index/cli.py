@@ -90,7 +90,9 @@ def build_cmd(
     bundle: Optional[Path] = typer.Option(None, help="Bundle with an image tower (default: the starter)."),
     out: Optional[Path] = typer.Option(None, help="Snapshot root (default: $PARASEEK_HOME/snapshots/demo)."),
     images: Optional[Path] = typer.Option(None, help="Image folder of a COCO JSON (default: beside it)."),
-    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_fp16 | ivf_pq"),
+    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_fp16 | ivf_pq; auto: "
+                                    "flat up to 200K vectors, then ivf_fp16 while its lists fit half the free memory "
+                                    "(--params '{\"memory_gb\": N}' sets it), else ivf_pq with refine"),
     params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32, "ef_search": 64}\'.'),
     batch_size: int = typer.Option(32, min=1),
     workers: Optional[int] = typer.Option(None, min=1, help="Decoding threads."),
@@ -99,7 +101,8 @@ def build_cmd(
     collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
     target_recall: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Tune nprobe/efSearch/refine factor to "
                                                   "reach this recall@10 on text queries (captions of the images, or "
-                                                  "--query-vectors), and record the setting and its held-out recall."),
+                                                  "--query-vectors), and record the setting and its held-out recall "
+                                                  "(default for --type auto past 200K vectors: 0.95)."),
     query_vectors: Optional[Path] = typer.Option(None, help="With --embeddings: a .npy of text-query embeddings "
                                                  "(the aligned text tower's) to measure and tune recall on."),
     image_root: Optional[List[Path]] = typer.Option(None, help="With --embeddings: a folder the metadata's image paths "

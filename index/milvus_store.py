@@ -33,7 +33,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from paraseek.core.errors import UserError
-from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.faiss_index import EXACT_LIMIT, IndexSpec
 from paraseek.index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
 from paraseek.index.recall import measure_recall_with
 from paraseek.index.snapshot import check_image_space
@@ -315,6 +315,9 @@ class MilvusStore(SnapshotStore):
 
     def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
         count, dim = len(draft.ids), int(draft.vectors.shape[1])
+        if spec.type == "auto" and count > EXACT_LIMIT:
+            # the lists live in the Milvus server's memory, not ours; ivf_fp16 has no Milvus counterpart
+            spec = spec.model_copy(update={"type": "ivf_flat"})
         spec = spec.resolved(count, dim).model_copy(update={"refine_factor": 1})  # Milvus re-ranks by its own rules
         kind, build, search = native_index(spec, self.index_type, self.index_params)
         name = self.collection(draft.version)

@@ -218,3 +218,38 @@ def test_a_single_query_searches_on_one_openmp_thread_and_the_setting_is_restore
         assert seen == [1, 2] and search_threads() == 2
     finally:
         set_threads(before)
+
+
+def test_auto_is_exact_up_to_the_limit_then_ivf_fp16_while_its_lists_fit_then_ivf_pq(monkeypatch):
+    from paraseek.index import faiss_index
+    from paraseek.index.faiss_index import EXACT_LIMIT, auto_index_type
+
+    assert auto_index_type(EXACT_LIMIT, 384) == "flat"
+    assert auto_index_type(EXACT_LIMIT + 1, 384, memory_gb=1) == "ivf_fp16"  # 154 MB of float16 lists
+    assert auto_index_type(10_000_000, 384, memory_gb=2) == "ivf_pq"  # 7.7 GB of lists would not fit
+    # the default budget: half of what the machine has available
+    monkeypatch.setattr(faiss_index, "available_memory_bytes", lambda: 12 * 2**30)  # a 6 GiB budget
+    assert auto_index_type(10_000_000, 384) == "ivf_pq" and auto_index_type(5_000_000, 384) == "ivf_fp16"
+    spec = IndexSpec(memory_gb=1).resolved(1_000_000, 384)  # 768 MB: fits
+    assert spec.type == "ivf_fp16" and spec.nlist == 4000 and spec.refine_factor == 1
+    spec = IndexSpec(memory_gb=0.5).resolved(1_000_000, 384)
+    assert spec.type == "ivf_pq" and spec.pq_m == 96 and spec.refine_factor == 20
+
+
+def test_auto_past_the_exact_limit_is_tuned_to_the_default_recall_without_flags(collection, tmp_path, monkeypatch):
+    from paraseek.index import faiss_index
+    from paraseek.index.faiss_index import AUTO_TARGET_RECALL
+
+    vectors, ids, queries, _ = collection
+    monkeypatch.setattr(faiss_index, "EXACT_LIMIT", 5_000)  # the 20K collection stands in for a large one
+    src = tmp_path / "vecs.npy"
+    np.save(src, vectors)
+    m = build_snapshot_from_vectors(src, tmp_path / "snap", image_space="test/space", progress=False,
+                                    queries=queries).manifest
+    assert m.index.type == "ivf_fp16"
+    assert m.tuning is not None and m.tuning["target_recall"] == AUTO_TARGET_RECALL and m.tuning["reached"]
+    assert m.recall_at_10 >= 0.9
+    # an explicit type is not tuned unless asked
+    m = build_snapshot_from_vectors(src, tmp_path / "snap2", image_space="test/space", progress=False, queries=queries,
+                                    spec=IndexSpec(type="ivf_flat")).manifest
+    assert m.tuning is None
