@@ -145,6 +145,11 @@ class ContinuousBatcher(Generic[P, R]):
         self._tasks = []
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def pending(self) -> int:
+        """Payloads queued here or in a running call."""
+        return (self._queue.qsize() if self._queue is not None else 0) + self._running
+
     def expect(self) -> Expected:
         """Announce a request that will ``submit`` here once an earlier stage is done with it: use it as
         a context manager around that stage and pass it to ``submit``."""

@@ -66,7 +66,9 @@ def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             self.metrics.shed.labels("in_flight").inc()
             raise Overloaded(f"{self.in_flight} requests are being answered (PARASEEK_MAX_IN_FLIGHT)")
         self.in_flight += 1
-        self.recent_in_flight.observe(self.in_flight)
+        # the encoder's load: requests in flight that are not waiting at the index (at concurrency 32
+        # most searches are; counting them, encoder calls waited for company that was not coming)
+        self.encoder_load.observe(self.in_flight - self.index_batcher.pending)
         self.metrics.in_flight.set(self.in_flight)
         try:
             return await asyncio.wait_for(method(self, *args, **kwargs), self.settings.request_timeout_s)
@@ -110,7 +112,7 @@ class SearchEngine:
             failures_to_open=settings.redis_failures_to_open, embedding_ttl_s=settings.embedding_ttl_s,
             result_ttl_s=settings.result_ttl_s, lru_size=settings.lru_size,
         )
-        self.recent_in_flight = RecentPeak()  # the load the encoder batcher forms its batches for
+        self.encoder_load = RecentPeak()  # the load the encoder batcher forms its batches for (``counted``)
         # the request pipeline: texts -> encoder batch -> index batch -> results; each stage merges
         # concurrent requests into one call on its own thread
         self.encoder_batcher: ContinuousBatcher = ContinuousBatcher(
@@ -118,7 +120,7 @@ class SearchEngine:
             max_wait_ms=settings.max_wait_ms, enabled=settings.batching, size=len, on_batch=metrics.batch_size.observe,
             workers=encoder_workers(settings), max_queued=settings.max_queued_batches,
             on_wait=metrics.batch_wait.labels("encoder").observe,
-            load=self.recent_in_flight, max_company_wait_ms=settings.max_company_wait_ms,
+            load=self.encoder_load, max_company_wait_ms=settings.max_company_wait_ms,
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
             search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -345,6 +346,25 @@ def test_the_wait_for_the_loads_share_is_bounded_and_skipped_when_no_call_runs()
     assert 0.15 <= waited < 2.0 and calls == [4, 1]
 
 
+def test_pending_counts_what_is_queued_and_what_a_call_holds():
+    release = threading.Event()
+    batcher = _encoder_batcher(_held_encoder(release), max_batch_size=2)
+
+    async def go():
+        await batcher.start()
+        try:
+            tasks = [asyncio.create_task(batcher.submit(1, [f"t{i}"])) for i in range(5)]
+            await asyncio.sleep(0.05)  # one call holds 2, 3 wait
+            held = batcher.pending
+            release.set()
+            await asyncio.gather(*tasks)
+            return held, batcher.pending
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(go()) == (5, 0)
+
+
 def test_recent_peak_remembers_the_load_for_one_to_two_windows():
     now = [0.0]
     peak = RecentPeak(window_s=1.0, clock=lambda: now[0])
@@ -441,7 +461,8 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
 
     class Engine:
         in_flight = 0
-        recent_in_flight = RecentPeak()
+        encoder_load = RecentPeak()
+        index_batcher = SimpleNamespace(pending=0)  # requests waiting at the index
         settings = Settings(max_in_flight=1)
         metrics = ServiceMetrics()
 
@@ -455,7 +476,10 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
 
     engine = Engine()
     assert asyncio.run(engine.answer()) == 1
-    assert engine.recent_in_flight() == 1  # the load the encoder batcher forms its batches for
+    assert engine.encoder_load() == 1  # the load the encoder batcher forms its batches for
+    # requests waiting at the index are not coming to the encoder: they do not count in its load
+    engine.encoder_load, engine.index_batcher.pending = RecentPeak(), 1
+    assert asyncio.run(engine.answer()) == 1 and engine.encoder_load() == 0
     with pytest.raises(ValueError):
         asyncio.run(engine.fail())
     assert engine.in_flight == 0
