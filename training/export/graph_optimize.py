@@ -47,13 +47,17 @@ def fuse_graph(src: Path, dst: Path) -> dict[str, int]:
     ``attention_mask`` input feeds it to Attention as its mask_index (``attention_mask_as_mask_index``)."""
     import onnx
     import onnx_ir as ir
+    import onnx_ir.passes.common  # noqa: F401  (ir.passes.common below)
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
     model, counts = optimize_for_ort(ir.load(str(src)))
     if not any(counts.values()):
         return {}
     proto = ir.to_proto(model)
-    attention_mask_as_mask_index(proto)
+    if attention_mask_as_mask_index(proto):  # the chain that turned the mask into a bias is dead now
+        model = ir.from_proto(proto)
+        ir.passes.common.RemoveUnusedNodesPass()(model)
+        proto = ir.to_proto(model)
     onnx.save(proto, str(dst))
     return fused_operators(proto)
 
@@ -98,18 +102,14 @@ def attention_mask_as_mask_index(model) -> bool:
         keep = [a for a in node.attribute if a.name != "qkv_hidden_sizes"]
         del node.attribute[:]
         node.attribute.extend(keep)
-    _drop_dead_nodes(graph)
     return True
-
-
-def _producers(graph) -> dict[str, object]:
-    return {out: node for node in graph.node for out in node.output}
 
 
 def _graph_inputs_behind(graph, tensor: str) -> set[str]:
     """The graph inputs a tensor is computed from (initializers and constants are not inputs)."""
     inputs = {i.name for i in graph.input}
-    producers, seen, found, stack = _producers(graph), set(), set(), [tensor]
+    producers = {out: node for node in graph.node for out in node.output}
+    seen, found, stack = set(), set(), [tensor]
     while stack:
         name = stack.pop()
         if name in seen or not name:
@@ -120,26 +120,6 @@ def _graph_inputs_behind(graph, tensor: str) -> set[str]:
         elif name in producers:
             stack.extend(producers[name].input)
     return found
-
-
-def _drop_dead_nodes(graph) -> None:
-    """Remove the nodes no graph output depends on (the old mask-to-bias chain), and initializers
-    nothing reads any more."""
-    producers, live, stack = _producers(graph), set(), [o.name for o in graph.output]
-    while stack:
-        name = stack.pop()
-        node = producers.get(name)
-        if node is None or id(node) in live:
-            continue
-        live.add(id(node))
-        stack.extend(i for i in node.input if i)
-    kept = [n for n in graph.node if id(n) in live]
-    del graph.node[:]
-    graph.node.extend(kept)
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    initializers = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
 
 
 def optimize_bundle(bundle_dir: str | Path, probe_texts: Sequence[str],
