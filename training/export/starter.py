@@ -152,8 +152,8 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
         max_tokens=max_seq_length(model_dir), source=source, image_preprocess=LITE_PREPROCESS,
     )
     if int8:
-        shipped = json.loads(INT8_EVALUATIONS.read_text()).get(name, {})
-        spec = quantize_text_tower(out, calibration_texts or demo_captions(), keep_fp32=shipped.get("keep_fp32"))
+        spec = quantize_text_tower(out, calibration_texts or demo_captions(),
+                                   keep_fp32=shipped_int8_entry(name).get("keep_fp32"))
         evaluation = shipped_int8_evaluation(name, spec.cosine_vs_fp32_mean) if calibration_texts is None else None
         if evaluation is not None:
             record_int8_evaluation(out, evaluation)
@@ -161,13 +161,18 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
     return manifest
 
 
+def shipped_int8_entry(name: str) -> dict:
+    """This starter's entry in ``INT8_EVALUATIONS`` (its keep_fp32 policy, cosine and evaluation), or {}."""
+    return json.loads(INT8_EVALUATIONS.read_text()).get(name, {})
+
+
 def shipped_int8_evaluation(name: str, cosine_vs_fp32_mean: float) -> Int8Evaluation | None:
     """The fp32-vs-int8 evaluation measured at release for this starter (``INT8_EVALUATIONS``, with
     the ``keep_fp32`` policy it was quantised with), when this build's int8 tower is the one that was
-    measured: the same mean cosine to fp32 on the demo captions. A build that differs (other weights, another onnxruntime) gets none, and ``auto``
-    precision keeps fp32 until it is measured with ``paraseek models quantize``."""
-    entry = json.loads(INT8_EVALUATIONS.read_text()).get(name)
-    if entry is None or abs(cosine_vs_fp32_mean - entry["cosine_vs_fp32_mean"]) > 5e-4:
+    measured: the same mean cosine to fp32 on the demo captions. A build that differs (other weights,
+    another onnxruntime) gets none, and ``auto`` precision keeps fp32 until it is measured with ``paraseek models quantize``."""
+    entry = shipped_int8_entry(name)
+    if not entry or abs(cosine_vs_fp32_mean - entry["cosine_vs_fp32_mean"]) > 5e-4:
         return None
     return Int8Evaluation.model_validate(entry["evaluation"])
 
