@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import threading
+from dataclasses import dataclass
 from functools import lru_cache
 
 log = logging.getLogger(__name__)
@@ -51,3 +53,66 @@ def freeze_long_lived() -> None:
     gc.unfreeze()
     release_free_memory()
     gc.freeze()
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A process's resident memory in MB: all of it, the private part (anonymous and shared-memory
+    pages: what only this process can hold) and the file-backed part (page cache of mapped files,
+    such as a memory-mapped index, which the kernel may drop and re-read)."""
+
+    rss_mb: float
+    private_mb: float
+    file_mb: float
+
+
+def process_memory(pid: int | str = "self") -> ProcessMemory:
+    """``ProcessMemory`` of a process from /proc/PID/status (Linux); NaN where it cannot be read."""
+    fields: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                    fields[name] = int(value.split()[0]) / 1024
+    except (OSError, ValueError):
+        pass
+    nan = float("nan")
+    return ProcessMemory(fields.get("VmRSS", nan), fields.get("RssAnon", nan) + fields.get("RssShmem", 0.0),
+                         fields.get("RssFile", nan))
+
+
+class MemorySampler:
+    """A process's resident memory every ``interval`` s while a phase runs: the peak of its RSS and of
+    its private part (``process_memory``), in MB."""
+
+    def __init__(self, pid: int | str = "self", interval: float = 0.1):
+        self.pid, self.interval = pid, interval
+        self.peak_rss = self.peak_private = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = process_memory(self.pid)
+            self.peak_rss = max(self.peak_rss, now.rss_mb)  # NaN once the process is gone: max keeps the peak
+            self.peak_private = max(self.peak_private, now.private_mb)
+            self._stop.wait(self.interval)
+
+    def start(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling (again: a no-op); the moment of stopping counts, however short the phase."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        now = process_memory(self.pid)
+        self.peak_rss, self.peak_private = max(self.peak_rss, now.rss_mb), max(self.peak_private, now.private_mb)
+
+    def __enter__(self) -> MemorySampler:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

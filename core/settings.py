@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     faiss_threads: int | None = Field(1, ge=1, description="threads of a one-row search while other requests are in flight")
     faiss_batch_threads: int | None = Field(
         None, ge=1, description="threads of merged searches of 2+ rows and of a lone request's search (default: every core)")
+    index_memory_map: bool = Field(True, description="IVF snapshots: search the index file's lists through a read-only "
+                                   "memory map (page cache, shared by the replicas on a host) instead of copying them into "
+                                   "each process")
     snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the current version changes (the snapshot "
                                    "root's `current`, or the Milvus alias): replicas pick up another replica's reindex")
 

@@ -13,7 +13,7 @@ from paraseek.index.store import SnapshotStore
 
 
 def _faiss(settings: Settings, root: str | Path | None) -> SnapshotStore:
-    return FaissStore(Path(root or settings.snapshot_root))
+    return FaissStore(Path(root or settings.snapshot_root), memory_map=settings.index_memory_map)
 
 
 def _milvus(settings: Settings, root: str | Path | None) -> SnapshotStore:

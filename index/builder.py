@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
+from paraseek.core.memory import MemorySampler
 from paraseek.index.faiss_index import (
     AUTO_TARGET_RECALL,
     IndexSpec,
@@ -320,16 +321,17 @@ def update_snapshot(
 def _read_vector_shards(src: VectorSource, vectors: np.ndarray, ids: np.ndarray, meta_out, normalize: bool,
                         progress: bool, paths: ImagePathPolicy) -> int:
     """Stream every shard into ``vectors``/``ids`` (memory maps) and its metadata rows to ``meta_out``,
-    their image paths confined to ``paths``; returns how many paths were dropped."""
-    seen: dict[int, str] = {}
+    their image paths confined to ``paths``; returns how many paths were dropped. Ids are checked unique
+    as each shard arrives, against a sorted array of those seen (8 bytes an id, not a Python dict)."""
+    seen = np.empty(0, np.int64)
+    starts: list[tuple[int, str]] = []  # (first position, shard name): where a repeated id was first used
     position = 0
     dropped = 0
     with tqdm(total=src.count, desc="reading vectors", unit="vec", disable=not progress) as bar:
         for shard, shard_vectors, shard_ids, rows in iter_shards(src, normalize):
-            for row, image_id in enumerate(shard_ids.tolist()):
-                if image_id in seen:
-                    raise BuildError(f"shard {shard.vectors.name} row {row}: id {image_id} already used in {seen[image_id]}")
-                seen[image_id] = f"shard {shard.vectors.name} row {row}"
+            starts.append((position, shard.vectors.name))
+            _check_new_ids(shard_ids, seen, ids[:position], starts, shard.vectors.name)
+            seen = np.sort(np.concatenate([seen, shard_ids]))
             end = position + len(shard_ids)
             vectors[position:end] = shard_vectors
             ids[position:end] = shard_ids
@@ -340,6 +342,31 @@ def _read_vector_shards(src: VectorSource, vectors: np.ndarray, ids: np.ndarray,
             position = end
             bar.update(len(shard_ids))
     return dropped
+
+
+def _check_new_ids(shard_ids: np.ndarray, seen: np.ndarray, earlier: np.ndarray, starts: list[tuple[int, str]],
+                   name: str) -> None:
+    """BuildError naming the first row of shard ``name`` whose id is used before it (earlier in the shard,
+    or in an earlier shard: ``earlier`` holds their ids by position, ``seen`` the same sorted)."""
+    order = np.argsort(shard_ids, kind="stable")
+    ordered = shard_ids[order]
+    again = np.zeros(len(shard_ids), bool)
+    again[order[1:][ordered[1:] == ordered[:-1]]] = True  # a later row of an id repeated within the shard
+    if len(seen):
+        pos = np.minimum(np.searchsorted(seen, shard_ids), len(seen) - 1)
+        again |= seen[pos] == shard_ids
+    if not again.any():
+        return
+    row = int(np.argmax(again))
+    image_id = int(shard_ids[row])
+    before = np.flatnonzero(earlier == image_id)
+    if len(before):
+        first = int(before[0])
+        at, where = max((s for s in starts if s[0] <= first), key=lambda s: s[0])
+        used = f"shard {where} row {first - at}"
+    else:
+        used = f"shard {name} row {int(np.flatnonzero(shard_ids == image_id)[0])}"
+    raise BuildError(f"shard {name} row {row}: id {image_id} already used in {used}")
 
 
 def _vector_queries(queries: np.ndarray | None, vectors: np.ndarray, dim: int, rng) -> tuple[np.ndarray, str]:
@@ -363,7 +390,7 @@ def build_snapshot_from_vectors(
     metadata: str | Path | None = None,
     spec: IndexSpec | None = None,
     normalize: bool = False,
-    train_sample: int = 100_000,
+    train_sample: int | None = None,
     chunk: int = 65_536,
     progress: bool = True,
     activate: bool = True,
@@ -381,8 +408,8 @@ def build_snapshot_from_vectors(
     ``image_space`` names the image tower the vectors came from: a bundle with that image space can
     search the snapshot, any other is refused. Shards are streamed: vectors go to the version's
     ``vectors.npy`` on disk one shard at a time, IVF/PQ quantisers train on a random sample of
-    ``train_sample`` rows, and the index takes the vectors back in chunks, so memory holds one shard,
-    the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit). Into another
+    ``train_sample`` rows (default 100K, or 20 per IVF list when more), and the index takes the vectors
+    back in chunks, so memory holds one shard, the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit). Into another
     store (Milvus) the vectors stream through a temporary memory map into the store's own writer.
 
     ``queries``: sample text-query embeddings (by the text tower aligned to these vectors) that recall
@@ -405,6 +432,7 @@ def build_snapshot_from_vectors(
     version = store.begin_version()
     stage = store.staging(version)
     count, dim = src.count, src.dim
+    memory = MemorySampler(interval=0.5).start()  # the build's peak, stated in its report
     try:
         start = time.perf_counter()
         spec = (spec or IndexSpec()).resolved(count, dim)
@@ -420,7 +448,9 @@ def build_snapshot_from_vectors(
         index = create_index(spec, dim)
         rng = np.random.default_rng(0)
         if not index.is_trained:
-            sample = np.sort(rng.choice(count, size=min(train_sample, count), replace=False))
+            # k-means wants ~39 points a list (faiss warns below): past 100K, 20 a list bounds the training time
+            size = train_sample or max(100_000, 20 * (spec.nlist or 1))
+            sample = np.sort(rng.choice(count, size=min(size, count), replace=False))
             index.train(np.ascontiguousarray(vectors[sample]))
         if spec.type == "ivf_pq":
             # faiss encodes a PQ batch through n x M x 2^nbits distance tables: keep them near 64 MB
@@ -433,9 +463,14 @@ def build_snapshot_from_vectors(
                                                          query_source=query_source)
         faiss.write_index(index, str(stage / "index.faiss"))
         np.save(stage / "ids.npy", ids)
+        memory.stop()
         report = {"vectors_total": count, "indexed": count, "shards": len(src.shards), "skipped": [],
                   "paths_outside_roots_dropped": dropped,
-                  "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1)}
+                  "seconds": round(seconds, 3), "vectors_per_second": round(count / max(seconds, 1e-9), 1),
+                  # RSS counts the pages of vectors.npy written through its memory map (page cache the kernel
+                  # can drop); the private part is the build's own heap: the sample, a shard, the index
+                  "peak_rss_mb": round(memory.peak_rss), "peak_private_mb": round(memory.peak_private),
+                  "disk_bytes": sum(p.stat().st_size for p in stage.iterdir() if p.is_file())}
         (stage / "report.json").write_text(json.dumps(report, indent=2))
         draft = VersionDraft(version, vectors, ids, [], provenance, report)  # the metadata is on disk already
         manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="faiss", user_fields=sorted(names))
@@ -443,6 +478,8 @@ def build_snapshot_from_vectors(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)  # nothing half-written stays behind; current untouched
         raise
+    finally:
+        memory.stop()
     return BuildResult(str(final), manifest, [], count / max(seconds, 1e-9), report)
 
 

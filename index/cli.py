@@ -152,6 +152,11 @@ def build_cmd(
         soft_wrap=True,
     )
     console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
+    if "peak_private_mb" in result.report:
+        r = result.report
+        console.print(f"peak memory {r['peak_rss_mb'] / 1024:.2f} GB resident, {r['peak_private_mb'] / 1024:.2f} GB of it "
+                      f"private (the rest: vectors.npy pages written through its memory map); "
+                      f"disk {r['disk_bytes'] / 2**30:.2f} GB", soft_wrap=True, highlight=False)
     if m.tuning is not None:
         t = m.tuning
         console.print(f"tuned for recall@10 >= {t['target_recall']} on {t['tuning_queries']} queries ({t['queries']}): "

@@ -103,7 +103,9 @@ def available_memory_bytes() -> float:
 
 
 def create_index(spec: IndexSpec, dim: int) -> faiss.Index:
-    """An empty index wrapped so that it stores our stable int64 ids."""
+    """An empty index that stores our stable int64 ids: IVF indexes keep them in their lists, flat and
+    HNSW inside an ``IndexIDMap2`` (whose id map and reverse map cost 16-50 bytes a vector: 0.5 GB of
+    private memory at 10M, for nothing an IVF index needs)."""
     base: faiss.Index
     nlist, pq_m = spec.nlist or 1, spec.pq_m or 1  # resolved() filled both for IVF types
     if spec.type == "flat":
@@ -126,6 +128,7 @@ def create_index(spec: IndexSpec, dim: int) -> faiss.Index:
             # against image vectors (bench_index mix, 100K, M=128 4-bit: recall@10 0.44 -> 0.23, before refine)
             base = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m, spec.pq_nbits, faiss.METRIC_INNER_PRODUCT)
         base.nprobe = spec.nprobe
+        return base
     else:
         raise ValueError(f"unresolved index type {spec.type!r}")
     return faiss.IndexIDMap2(base)
@@ -255,22 +258,60 @@ def exact_search(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: i
     return ids[heap.I]
 
 
+def _consecutive(ids: np.ndarray, chunk: int = 1 << 20) -> bool:
+    """Whether ``ids`` are first, first + 1, ... (checked a chunk at a time: no array of N temporaries)."""
+    if len(ids) == 0 or int(ids[-1]) - int(ids[0]) != len(ids) - 1:
+        return False
+    first = int(ids[0])
+    return all(np.array_equal(ids[b:b + chunk], np.arange(first + b, first + min(b + chunk, len(ids))))
+               for b in range(0, len(ids), chunk))
+
+
+class IdRows:
+    """Image id -> row number in a snapshot's id order (``ids.npy``, which is also the order of
+    ``vectors.npy`` and ``metadata.jsonl``). Consecutive ids (a generated collection, or row numbers)
+    are mapped by arithmetic; others through a sorted copy and its order (16 bytes a vector)."""
+
+    def __init__(self, ids: np.ndarray):
+        ids = np.asarray(ids, np.int64)
+        self.count = len(ids)
+        self._first: int | None = int(ids[0]) if _consecutive(ids) else None
+        if self._first is None:
+            self._order = np.argsort(ids, kind="stable")
+            self._sorted = ids[self._order]
+
+    def lookup(self, image_ids) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, found): the row of each id; for an id not present, found is False and its row 0."""
+        image_ids = np.asarray(image_ids, np.int64)
+        if self.count == 0:
+            return np.zeros(image_ids.shape, np.int64), np.zeros(image_ids.shape, bool)
+        if self._first is not None:
+            rows = image_ids - self._first
+            found = (rows >= 0) & (rows < self.count)
+            return np.where(found, rows, 0), found
+        pos = np.minimum(np.searchsorted(self._sorted, image_ids), self.count - 1)
+        found = self._sorted[pos] == image_ids
+        return np.where(found, self._order[pos], 0), found
+
+    def rows(self, image_ids) -> np.ndarray:
+        """The rows of ids that must all be present (KeyError naming the first missing ones)."""
+        image_ids = np.asarray(image_ids, np.int64)
+        rows, found = self.lookup(image_ids)
+        if not found.all():
+            raise KeyError(f"ids not in the index: {image_ids[~found][:5].tolist()}")
+        return rows
+
+
 class ExactVectors:
     """The exact vectors behind an index, looked up by id: the refine stage's re-ranking reads them
     (a memory map of the snapshot's ``vectors.npy``: only the candidates' rows are touched)."""
 
-    def __init__(self, vectors: np.ndarray, ids: np.ndarray):
+    def __init__(self, vectors: np.ndarray, ids: np.ndarray | IdRows):
         self.vectors = vectors
-        self._order = np.argsort(ids, kind="stable")
-        self._sorted = ids[self._order]
+        self.id_rows = ids if isinstance(ids, IdRows) else IdRows(ids)
 
     def rows(self, image_ids: np.ndarray) -> np.ndarray:
-        image_ids = np.asarray(image_ids, np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, image_ids), len(self._sorted) - 1)
-        if len(pos) and not np.array_equal(self._sorted[pos], image_ids):
-            missing = image_ids[self._sorted[pos] != image_ids]
-            raise KeyError(f"ids not in the index: {missing[:5].tolist()}")
-        return self._order[pos]
+        return self.id_rows.rows(image_ids)
 
     def rerank(self, queries: np.ndarray, candidates: np.ndarray, k: int,
                block_bytes: int = 32 << 20) -> tuple[np.ndarray, np.ndarray]:
@@ -283,7 +324,9 @@ class ExactVectors:
             return np.vstack([p[0] for p in parts]), np.vstack([p[1] for p in parts])
         q, width = candidates.shape
         valid = candidates >= 0
-        rows = self.rows(np.where(valid, candidates, self._sorted[0]))
+        rows, found = self.id_rows.lookup(candidates)
+        if (valid & ~found).any():
+            raise KeyError(f"ids not in the index: {candidates[valid & ~found][:5].tolist()}")
         flat_rows = rows.ravel()
         order = np.argsort(flat_rows, kind="stable")  # read the memory map front to back
         gathered = np.empty((len(flat_rows), self.vectors.shape[1]), np.float32)

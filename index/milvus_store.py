@@ -489,7 +489,7 @@ class MilvusSnapshot(SearchableSnapshot):
         with self._lock:
             view = self._views.get(key)
             if view is None:
-                view = self._views[key] = MilvusView(self, milvus_expression(flt, self.manifest.user_fields))
+                view = self._views[key] = MilvusView(self, milvus_expression(flt, self.manifest.user_fields or []))
                 if len(self._views) > FILTER_CACHE:
                     self._views.popitem(last=False)
             else:

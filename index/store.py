@@ -73,6 +73,7 @@ class SearchableSnapshot(ABC):
 
     manifest: SnapshotManifest
     device: str
+    memory_mapped: bool = False  # searched through a memory map of its files rather than copies in this process
 
     @property
     def version(self) -> str:
@@ -121,7 +122,7 @@ class SearchableSnapshot(ABC):
 
     @property
     def user_fields(self) -> list[str]:
-        return self.manifest.user_fields
+        return self.manifest.user_fields or []
 
     @property
     def image_roots(self) -> list[Path]:

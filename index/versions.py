@@ -52,7 +52,8 @@ class SnapshotManifest(BaseModel):
     backend: Literal["faiss", "milvus"] = "faiss"
     # where the version's index lives in its backend (milvus: the collection and its native index)
     location: dict = Field(default_factory=dict)
-    user_fields: list[str] = Field(default_factory=list, description="names of the user metadata fields a filter can test")
+    user_fields: list[str] | None = Field(None, description="names of the user metadata fields a filter can test (None: "
+                                          "written before manifests listed them; read off the metadata)")
 
 
 class BuildError(UserError):

@@ -20,47 +20,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 import orjson
 
+from paraseek.core.memory import MemorySampler, process_memory
 from paraseek.core.settings import Settings
 from paraseek.loadtests.bench_service import drive, start_paraseek
 from paraseek.loadtests.queries import caption_groups
+from paraseek.loadtests.server import stop_server
 from paraseek.training.embedded import ensure_embedded_default
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-class RssSampler:
-    """The server's RSS every 0.1 s while a phase runs: its peak."""
-
-    def __init__(self, pid: int):
-        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_mb(self.pid))
-            self._stop.wait(0.1)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -128,14 +100,13 @@ def main(argv=None) -> int:
                 print(f"capacity at concurrency {args.concurrency}: {capacity['qps']:.1f} req/s, "
                       f"p50 {capacity['p50']:.1f} ms, p99 {capacity['p99']:.1f} ms; overload: {rate:.0f} req/s "
                       f"({args.factor:g}x) for {args.seconds:g} s")
-            before = rss_mb(proc.pid)
-            with RssSampler(proc.pid) as rss:
+            before = process_memory(proc.pid).rss_mb
+            with MemorySampler(proc.pid) as rss:
                 row = asyncio.run(open_loop(url, lambda i: body(2 * 10**6 + i), rate, args.seconds))
-            row.update(rss_before=before, rss_peak=rss.peak, rss_after=rss_mb(proc.pid))
+            row.update(rss_before=before, rss_peak=rss.peak_rss, rss_after=process_memory(proc.pid).rss_mb)
             rows[name] = row
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            stop_server(proc, 30)
     print(f"{'server':<12} {'sent':>6} {'200':>6} {'200/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'503':>6} {'503 p99':>8} "
           f"{'other':>6} {'RSS MB before/peak/after':>26}")
     for name, r in rows.items():

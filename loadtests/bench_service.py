@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -58,7 +57,7 @@ import orjson
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
 from paraseek.loadtests.queries import caption_groups
-from paraseek.loadtests.server import start_server
+from paraseek.loadtests.server import start_server, stop_server
 from paraseek.training.embedded import ensure_embedded_default
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -138,11 +137,7 @@ def demo_section(args, home: Path, groups: list[list[str]]) -> bool:
         on = next(r for lbl, c, r in rows if lbl == "plain" and c == 32)
     finally:
         for proc, _ in servers.values():
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc, 10)
 
     print(f"\nservice benchmark, demo: the embedded default over the demo gallery, {args.seconds:.0f} s per row, loopback"
           + (f"; servers run the code in {args.server_checkout}" if args.server_checkout else ""))
@@ -400,11 +395,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                         results.append({"bundle": bundle_name, "precision": precision, "latency_check": check,
                                         "rounds": args.latency_rounds})
                 finally:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(20)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                    stop_server(proc)
 
     print()
     ok = True

@@ -12,7 +12,13 @@ import typer
 
 from paraseek.core.cli_support import console, err, user_errors
 from paraseek.core.errors import UserError
-from paraseek.loadtests import bench_encoder, bench_index, bench_service, bench_vectors  # bench_encoder imports torch only when run
+from paraseek.loadtests import (  # bench_encoder imports torch only when run
+    bench_encoder,
+    bench_index,
+    bench_large,
+    bench_service,
+    bench_vectors,
+)
 from paraseek.loadtests.load import run_load
 
 app = typer.Typer(help="Benchmarks (print side-by-side ratios measured in one run).", no_args_is_help=True)
@@ -38,6 +44,13 @@ def index_cmd(ctx: typer.Context):
 def vectors_cmd(ctx: typer.Context):
     """Snapshots from precomputed vectors in shards: vectors/s, peak RSS, x the time to read the shards (--count, --shards)."""
     sys.exit(bench_vectors.main(ctx.args))
+
+
+@app.command("large", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def large_cmd(ctx: typer.Context):
+    """10M vectors built with the defaults and served memory-mapped: build time, disk, peak memory; the server's
+    private and file-backed memory, cold first query, recall, p50/p99 at concurrency 1 and 32 (--count, --work)."""
+    sys.exit(bench_large.main(ctx.args))
 
 
 @app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

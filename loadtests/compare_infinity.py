@@ -37,7 +37,7 @@ import httpx
 import orjson
 
 from paraseek.loadtests.net import free_port, wait_listening
-from paraseek.loadtests.server import start_server
+from paraseek.loadtests.server import start_server, stop_server
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 INFINITY_PINS = ["infinity-emb[optimum,server]==0.0.78", "optimum[onnxruntime]==1.27", "transformers<4.49",
@@ -101,15 +101,6 @@ def start_paraseek(home: Path, precision: str, log: Path, checkout: Path | None 
     return start_server({"PARASEEK_HOME": str(home), "PARASEEK_STARTER": "plain", "PARASEEK_PRECISION": precision,
                          "PARASEEK_LRU_SIZE": "0", "PARASEEK_LOG_JSON": "false", "HF_HUB_OFFLINE": "1"},
                         log=log, timeout=300, checkout=checkout)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def drive(url: str, path: str, model: str, texts, concurrency: int, *, seconds: float | None = None,
@@ -240,7 +231,7 @@ def main(argv=None) -> int:
                     row = {"round": rnd, "server": server, "precision": precision,
                            **measure(url, path, model, captions, args.c1_requests, args.seconds)}
                 finally:
-                    stop(proc)
+                    stop_server(proc)
                 rows.append(row)
                 print(f"round {rnd} {server:8s} {precision}: c1 p50 {row['c1']['p50_ms']:.1f} ms; "
                       + "; ".join(f"c{c} {row[f'c{c}']['rps']:.0f} req/s p99 {row[f'c{c}']['p99_ms']:.0f} ms"

@@ -54,3 +54,13 @@ def start_server(env: dict[str, str], log: Path | None = None, port: int | None 
         proc.kill()
         raise
     return proc, url
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float = 20) -> None:
+    """SIGTERM (a graceful shutdown), then SIGKILL if it has not exited within ``grace_s``."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from paraseek.core.demo import CAPTIONS_FILE, GALLERY_DIR
+from paraseek.core.memory import process_memory
 from paraseek.core.settings import Settings
 from paraseek.loadtests.net import free_port
 from paraseek.loadtests.queries import caption_groups
@@ -30,13 +31,6 @@ from paraseek.training.embedded import ensure_embedded_default
 
 TOKEN = "soak-admin-token"
 DEFAULT_NLTK = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nltk_data"
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def start_redis(port: int, folder: Path) -> subprocess.Popen:
@@ -116,7 +110,7 @@ async def faults(url: str, seconds: float, redis_port: int, redis_dir: Path, sta
                 r = await admin.post("/v1/admin/reindex", json={"source": str(sources / "captions.json"),
                                                                  "images": str(sources / "gallery")})
                 state["events"].append(f"reindex -> {r.status_code}")
-            state["events"][-1] += f" (RSS {rss_mb(pid):.0f} MB)"
+            state["events"][-1] += f" (RSS {process_memory(pid).rss_mb:.0f} MB)"
 
 
 def main(argv=None) -> int:
@@ -161,7 +155,7 @@ def main(argv=None) -> int:
 
         asyncio.run(warm_up())
         state["events"].append("| measured:")
-        rss_start = rss_mb(server.pid)
+        rss_start = process_memory(server.pid).rss_mb
         stats: dict[str, Any] = {"latencies": [], "requests": 0, "failures": 0, "5xx": 0}
 
         async def run():
@@ -169,7 +163,7 @@ def main(argv=None) -> int:
                                  faults(url, args.seconds, redis_port, work, state, sources, sources / "bundle", server.pid))
 
         asyncio.run(run())
-        rss_end = rss_mb(server.pid)
+        rss_end = process_memory(server.pid).rss_mb
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(15)

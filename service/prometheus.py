@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from paraseek.core.memory import process_memory
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 AO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 # label values exported from the start (at 0), so a dashboard panel has a series before the first event
@@ -42,6 +44,14 @@ class ServiceMetrics:
                                            "mean AO@k met PARASEEK_CONSISTENCY_THRESHOLD", ["stable"], registry=r)
         # the process's RSS, CPU seconds, open files (Linux /proc), on this app's registry
         ProcessCollector(registry=r)
+        # RSS splits into private memory and page cache of mapped files (a memory-mapped IVF index, the
+        # refine stage's vectors.npy): only the private part is this replica's alone, and must fit its limit
+        self.private_memory = Gauge("paraseek_process_private_memory_bytes", "Resident memory of this process "
+                                    "alone (anonymous pages)", registry=r)
+        self.private_memory.set_function(lambda: process_memory().private_mb * 2**20)
+        self.file_memory = Gauge("paraseek_process_file_backed_memory_bytes", "Resident pages of mapped files "
+                                 "(snapshot index and vectors): page cache the kernel can drop and re-read", registry=r)
+        self.file_memory.set_function(lambda: process_memory().file_mb * 2**20)
         for stage in STAGES:
             self.stage.labels(stage)
         for stage in ("encoder", "index"):

@@ -23,7 +23,9 @@ async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
                    "dim": e.dim, "providers": e.providers},
         "snapshot": {"version": m.version, "created_at": m.created_at, "count": m.count, "index": m.index.model_dump(),
                      "recall_at_10": m.recall_at_10, "device": active.snapshot.device, "backend": m.backend,
-                     "user_fields": active.snapshot.user_fields},
+                     "user_fields": active.snapshot.user_fields,
+                     # the index's lists are read from the mapped snapshot file (page cache), not held in process memory
+                     "memory_mapped": active.snapshot.memory_mapped},
         "cache": engine.cache.backend,
         "batching": engine.encoder_batcher.enabled,
         # the registry the request schema validates against; the search page lists these

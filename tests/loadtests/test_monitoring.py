@@ -57,7 +57,8 @@ def test_dashboard_json_is_well_formed_and_reads_only_exported_metrics():
                    "paraseek_encoder_batch_texts_bucket", "paraseek_index_batch_queries_bucket", "paraseek_batch_wait_seconds_bucket",
                    "paraseek_cache_total", "paraseek_cache_errors_total", "paraseek_cache_breaker_state", "paraseek_index_vectors",
                    "paraseek_snapshot_info", "paraseek_reindex_total", "process_resident_memory_bytes", "process_cpu_seconds_total",
-                   "paraseek_consistency_mean_ao_bucket"):
+                   "paraseek_consistency_mean_ao_bucket", "paraseek_process_private_memory_bytes",
+                   "paraseek_process_file_backed_memory_bytes"):
         assert metric in text, metric
 
 
@@ -85,6 +86,8 @@ def test_every_panel_answers_on_a_real_prometheus_during_a_load_run(uvicorn_serv
     assert sum(values("sum by (route, status) (rate(paraseek_requests_total").values()) > 0
     assert all(v > 0 for v in values("paraseek_encoder_batch_texts_sum").values())
     assert max(values("process_resident_memory_bytes").values()) > 50e6
+    private, rss = max(values("paraseek_process_private_memory_bytes").values()), max(values("process_resident_memory_bytes").values())
+    assert 50e6 < private < rss
     assert sum(values("paraseek_consistency_mean_ao_bucket").values()) > 0  # consistency reports were made
     (snapshot_series,) = values("paraseek_snapshot_info")
     assert json.loads(snapshot_series)["version"].startswith("v0001")
