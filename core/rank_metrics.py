@@ -42,12 +42,17 @@ def jaccard_at_k(a: Sequence, b: Sequence, k: int | None = None) -> float:
     return len(sa & sb) / len(union) if union else 1.0
 
 
-def overlap_recall(approx_ids: np.ndarray, exact_ids: np.ndarray) -> float:
-    """Recall of an approximate search: mean fraction of the exact top-k found in its top-k
-    (negative ids, FAISS' "no result", never count)."""
+def overlap_recalls(approx_ids: np.ndarray, exact_ids: np.ndarray) -> np.ndarray:
+    """Each query's recall: the fraction of its exact top-k found in its approximate top-k (negative
+    ids, FAISS' "no result", never count)."""
     k = exact_ids.shape[1]
-    hits = [len(set(a[a >= 0].tolist()) & set(e.tolist())) / k for a, e in zip(approx_ids, exact_ids)]
-    return float(np.mean(hits)) if hits else 1.0
+    return np.array([len(set(a[a >= 0].tolist()) & set(e.tolist())) / k for a, e in zip(approx_ids, exact_ids)], float)
+
+
+def overlap_recall(approx_ids: np.ndarray, exact_ids: np.ndarray) -> float:
+    """Recall of an approximate search: the mean of ``overlap_recalls`` (1.0 for no queries)."""
+    hits = overlap_recalls(approx_ids, exact_ids)
+    return float(hits.mean()) if len(hits) else 1.0
 
 
 def retrieval_recall(similarity: np.ndarray, relevant: Sequence[set[int] | int], ks=(1, 5, 10)) -> dict[int, float]:

@@ -11,6 +11,7 @@ from paraseek.index.builder import build_snapshot_from_vectors
 from paraseek.index.faiss_index import ExactVectors, IndexSpec, apply_search_params, create_index, exact_search, search, train_and_add
 from paraseek.index.faiss_index import search_threads, set_threads, split_scan, tune_for_recall
 from paraseek.index.snapshot import Snapshot
+from paraseek.index.recall import split_recall_queries
 
 
 def _clustered(n: int, dim: int, seed: int, centres: int = 64, noise: float = 0.6) -> np.ndarray:
@@ -109,8 +110,9 @@ def test_build_with_target_recall_records_and_serves_the_setting(collection, tmp
     assert m.recall_at_10 is not None and m.recall_at_10 >= 0.9
     snap = Snapshot.load(tmp_path / "snap")
     assert faiss.extract_index_ivf(snap.index).nprobe == m.index.nprobe
-    _, got = snap.search_ids(queries[100:], 10)
-    truth_rows = exact_search(vectors, np.arange(len(vectors), dtype=np.int64), queries[100:], 10)
+    _, held_out = split_recall_queries(len(queries))
+    _, got = snap.search_ids(queries[held_out], 10)
+    truth_rows = exact_search(vectors, np.arange(len(vectors), dtype=np.int64), queries[held_out], 10)
     assert overlap_recall(got, truth_rows) == pytest.approx(m.recall_at_10)  # the served search is the measured one
 
 
