@@ -303,7 +303,8 @@ class Snapshot(SearchableSnapshot):
                                  faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0)
         apply_search_params(index, manifest.index)
         index, device = to_search_device(index, manifest.index, use_gpu)
-        ids = np.load(version_dir / "ids.npy")
+        # read-only memory map, as the lists and vectors.npy: 8 bytes a vector of page cache, not private memory
+        ids = np.load(version_dir / "ids.npy", mmap_mode="r" if mapped else None)
         if index.ntotal != len(ids):
             raise SnapshotError(f"snapshot {version_dir}: index, ids and metadata disagree on the vector count")
         try:
