@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from paraseek.index.faiss_index import IdRows
 
@@ -53,11 +54,25 @@ class MetadataFile(Mapping[int, dict]):
 
     def row(self, number: int) -> dict:
         """Row ``number`` (ids.npy order), checked to be the row of that id."""
-        row = json.loads(self._buffer[self._starts[number]:self._starts[number + 1]])
-        if not isinstance(row, dict) or row.get("id") != int(self.ids[number]):
-            raise MetadataRowError(f"{self.path.name} row {number} is not the row of id {int(self.ids[number])} "
-                                   f"(ids.npy row {number}): {str(row)[:80]}")
-        return row
+        return self.rows_at(np.asarray([number]))[0]
+
+    def rows_at(self, numbers: np.ndarray) -> list[dict]:
+        """Rows ``numbers`` (ids.npy order), each checked to be the row of its id. Offsets and ids are
+        gathered in one numpy call each."""
+        numbers = np.asarray(numbers, np.int64)
+        starts, ends = self._starts[numbers].tolist(), self._starts[numbers + 1].tolist()
+        out = []
+        for number, start, end, image_id in zip(numbers.tolist(), starts, ends, self.ids[numbers].tolist()):
+            line = self._buffer[start:end]
+            try:
+                row = orjson.loads(line)  # a search's rows: ~0.2-0.5 us each, json's 2
+            except orjson.JSONDecodeError:
+                row = json.loads(line)  # NaN or Infinity (user fields), which json.dumps writes and orjson refuses
+            if not isinstance(row, dict) or row.get("id") != image_id:
+                raise MetadataRowError(f"{self.path.name} row {number} is not the row of id {image_id} "
+                                       f"(ids.npy row {number}): {str(row)[:80]}")
+            out.append(row)
+        return out
 
     def __getitem__(self, image_id: int) -> dict:
         rows, found = self.id_rows.lookup(np.asarray([image_id], np.int64))
@@ -77,10 +92,11 @@ class MetadataFile(Mapping[int, dict]):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def rows(self, begin: int = 0, end: int | None = None) -> Iterator[dict]:
+    def rows(self, begin: int = 0, end: int | None = None, chunk: int = 4096) -> Iterator[dict]:
         """Rows ``begin`` to ``end`` in file order, read front to back."""
-        for number in range(begin, len(self.ids) if end is None else min(end, len(self.ids))):
-            yield self.row(number)
+        end = len(self.ids) if end is None else min(end, len(self.ids))
+        for first in range(begin, end, chunk):
+            yield from self.rows_at(np.arange(first, min(first + chunk, end)))
 
     def values(self) -> Iterator[dict]:  # type: ignore[override]  # a stream, not a view: one pass over the file
         return self.rows()

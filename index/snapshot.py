@@ -365,7 +365,7 @@ class Snapshot(SearchableSnapshot):
     def metadata_of(self, image_ids) -> dict[int, dict]:
         ids = np.asarray([int(i) for i in image_ids], np.int64)
         rows, found = self.metadata.id_rows.lookup(ids)
-        return {int(i): self.metadata.row(int(r)) for i, r, f in zip(ids, rows, found) if f}
+        return dict(zip(ids[found].tolist(), self.metadata.rows_at(rows[found])))
 
     def vectors(self) -> np.ndarray:
         """The stored vectors, memory-mapped once (filtered scans, refine and updates share the map)."""

@@ -72,3 +72,11 @@ def test_id_rows_by_arithmetic_or_sorted_lookup():
         scattered.rows([20, 25])
     rows, found = IdRows(np.zeros(0, np.int64)).lookup([1])
     assert found.tolist() == [False]
+
+
+def test_rows_with_values_only_pythons_json_writes_are_read(tmp_path):
+    """json.dumps writes NaN and Infinity (a parquet column with gaps); they read back as floats."""
+    path = tmp_path / "metadata.jsonl"
+    path.write_text(json.dumps({"id": 1, "fields": {"score": float("nan"), "peak": float("inf")}}) + "\n")
+    fields = MetadataFile(path, np.array([1]))[1]["fields"]
+    assert np.isnan(fields["score"]) and fields["peak"] == float("inf")
