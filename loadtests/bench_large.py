@@ -39,6 +39,7 @@ from paraseek.core.memory import MemorySampler, process_memory
 from paraseek.core.settings import Settings
 from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection
 from paraseek.loadtests.bench_service import drive, start_paraseek, synthetic_space
+from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import stop_server
 from paraseek.training.embedded import ensure_embedded_default
@@ -174,6 +175,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write every number as JSON here")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     args = p.parse_args(argv)
+    print(f"machine: {cpu_description()}", flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-large-"))
     work.mkdir(parents=True, exist_ok=True)
     home = args.home or work / "home"

@@ -56,6 +56,7 @@ import orjson
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
+from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
 from paraseek.training.embedded import ensure_embedded_default
@@ -442,6 +443,7 @@ def main(argv=None) -> int:
         if not args.skip_scale:
             p.error("--server-checkout compares the demo section only: add --skip-scale")
 
+    print(f"machine: {cpu_description()}", flush=True)
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
     if args.server_checkout is None:  # another checkout builds its own, in its own format
         ensure_embedded_default(Settings(home=home))

@@ -1,0 +1,26 @@
+"""The machine line every benchmark prints."""
+
+import os
+
+from paraseek.loadtests.machine import cpu_description
+
+CPUINFO = """processor\t: 0
+model name\t: AMD EPYC 9654 96-Core Processor
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni sha_ni
+processor\t: 1
+model name\t: AMD EPYC 9654 96-Core Processor
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni sha_ni
+"""
+
+
+def test_model_cores_and_the_simd_flags_that_matter():
+    line = cpu_description(CPUINFO)
+    assert line == f"AMD EPYC 9654 96-Core Processor, {os.cpu_count()} cores, SIMD: avx2 fma avx512f avx512_vnni sha_ni"
+
+
+def test_a_cpu_without_them_says_so():
+    assert cpu_description("model name : Old\nflags : fpu sse2\n").endswith("SIMD: none of avx2/fma/avx512f")
+
+
+def test_this_machine_is_described():
+    assert "cores, SIMD:" in cpu_description()
