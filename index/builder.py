@@ -521,7 +521,7 @@ def export_snapshot_vectors(snapshot: str | Path, out: str | Path, *, shard_size
     for number, begin in enumerate(tqdm(range(0, len(snap.ids), shard_size), desc="exporting", unit="shard", disable=not progress)):
         ids = snap.ids[begin:begin + shard_size]
         np.save(out / "img_emb" / f"img_emb_{number}.npy", np.asarray(vectors[begin:begin + shard_size], np.float32))
-        rows = [_export_row(snap.metadata.get(int(i), {}), int(i)) for i in ids]
+        rows = [_export_row(meta, int(i)) for meta, i in zip(snap.metadata.rows(begin, begin + len(ids)), ids)]
         target = out / "metadata" / f"metadata_{number}.{metadata_format}"
         if metadata_format == "parquet":
             try:

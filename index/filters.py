@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Union
+from collections.abc import Iterable, Iterator
+from typing import Annotated, Protocol, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
@@ -128,20 +129,34 @@ def user_field_names(rows) -> set[str]:
     return names
 
 
-class FilterColumns:
-    """The columns a filter reads, one entry per indexed row (in the snapshot's id order)."""
+class RowSource(Protocol):
+    """Metadata rows by row number (the snapshot's id order): ``MetadataFile``."""
 
-    def __init__(self, ids: np.ndarray, rows: list[dict]):
+    def __len__(self) -> int: ...
+
+    def rows(self, begin: int = 0, end: int | None = None) -> Iterator[dict]: ...
+
+    def rows_at(self, numbers: np.ndarray) -> list[dict]: ...
+
+
+class FilterColumns:
+    """The columns a filter reads, one entry per indexed row (in the snapshot's id order). Kept in
+    memory: ids and licences (16 bytes a row), and captions once a caption filter asks; user fields are
+    read from the rows still in play, through ``rows`` (a memory-mapped file: rows are not held)."""
+
+    CHUNK = 65_536  # rows parsed at a time by a field filter
+
+    def __init__(self, ids: np.ndarray, rows: RowSource, user_fields: Iterable[str] | None = None):
         self.ids = np.asarray(ids, np.int64)
-        self.licence = np.array([licence_id(r) for r in rows], np.int64)
         self._rows = rows
+        self.licence = np.fromiter((licence_id(r) for r in rows.rows()), np.int64, count=len(rows))
         self._captions: list[str] | None = None
-        self.user_fields = user_field_names(rows)
+        self.user_fields = set(user_fields) if user_fields is not None else user_field_names(rows.rows())
 
     @property
     def captions(self) -> list[str]:
         if self._captions is None:  # built on the first caption filter only
-            self._captions = [caption_text(r) for r in self._rows]
+            self._captions = [caption_text(r) for r in self._rows.rows()]
         return self._captions
 
     def mask(self, flt: SearchFilter) -> np.ndarray:
@@ -164,9 +179,12 @@ class FilterColumns:
             needle = flt.caption_contains.lower()
             rows = np.flatnonzero(keep)  # only rows still in play are scanned
             keep[rows] = [needle in self.captions[i] for i in rows]
-        for name, value in (flt.fields or {}).items():
+        if flt.fields:
             rows = np.flatnonzero(keep)
-            keep[rows] = [_equal((self._rows[i].get("fields") or {}).get(name, _MISSING), value) for i in rows]
+            for begin in range(0, len(rows), self.CHUNK):
+                part = rows[begin:begin + self.CHUNK]
+                keep[part] = [all(_equal((row.get("fields") or {}).get(name, _MISSING), value)
+                                  for name, value in flt.fields.items()) for row in self._rows.rows_at(part)]
         return keep
 
 
