@@ -409,8 +409,9 @@ def build_snapshot_from_vectors(
     search the snapshot, any other is refused. Shards are streamed: vectors go to the version's
     ``vectors.npy`` on disk one shard at a time, IVF/PQ quantisers train on a random sample of
     ``train_sample`` rows (default 100K, or 20 per IVF list when more), and the index takes the vectors
-    back in chunks, so memory holds one shard, the sample and the index itself (use ``ivf_pq`` when the raw vectors would not fit). Into another
-    store (Milvus) the vectors stream through a temporary memory map into the store's own writer.
+    back in chunks, so memory holds one shard, the sample and the index itself (use ``ivf_pq`` when the
+    raw vectors would not fit). Into another store (Milvus) the vectors stream through a temporary memory
+    map into the store's own writer.
 
     ``queries``: sample text-query embeddings (by the text tower aligned to these vectors) that recall
     is measured, and with ``target_recall`` tuned, on; without them a sample of the vectors stands in.

@@ -146,12 +146,12 @@ class FilterColumns:
 
     CHUNK = 65_536  # rows parsed at a time by a field filter
 
-    def __init__(self, ids: np.ndarray, rows: RowSource, user_fields: Iterable[str] | None = None):
+    def __init__(self, ids: np.ndarray, rows: RowSource, user_fields: Iterable[str]):
         self.ids = np.asarray(ids, np.int64)
         self._rows = rows
         self.licence = np.fromiter((licence_id(r) for r in rows.rows()), np.int64, count=len(rows))
         self._captions: list[str] | None = None
-        self.user_fields = set(user_fields) if user_fields is not None else user_field_names(rows.rows())
+        self.user_fields = set(user_fields)
 
     @property
     def captions(self) -> list[str]:

@@ -70,16 +70,13 @@ def measure_recall_with(run, spec: IndexSpec, vectors, ids, queries, k: int = 10
         if len(queries) < 4:
             raise BuildError(f"--target-recall needs at least 4 queries to tune and check on, there are {len(queries)}")
         tune_rows, held_rows = split_recall_queries(len(queries))
-        order = np.concatenate([tune_rows, held_rows])
-        queries, truth = queries[order], truth[order]
-        half = len(tune_rows)
-        spec, tuned_recall, ms = tune_setting(run, spec, queries[:half], truth[:half], target_recall, k,
+        spec, tuned_recall, ms = tune_setting(run, spec, queries[tune_rows], truth[tune_rows], target_recall, k,
                                               margin_se=TUNING_MARGIN_SE)
         tuning = {"target_recall": target_recall, "margin_standard_errors": TUNING_MARGIN_SE,
                   "reached": tuned_recall >= target_recall,
-                  "recall_at_10_on_tuning_queries": round(tuned_recall, 4), "tuning_queries": half,
+                  "recall_at_10_on_tuning_queries": round(tuned_recall, 4), "tuning_queries": len(tune_rows),
                   "ms_per_query_at_tuning": round(ms, 4), "queries": query_source,
                   "setting": {"nprobe": spec.nprobe, "ef_search": spec.ef_search, "refine_factor": spec.refine_factor}}
-        queries, truth = queries[half:], truth[half:]
+        queries, truth = queries[held_rows], truth[held_rows]
     got = run(spec, queries, truth.shape[1])
     return spec, overlap_recall(got, truth), len(queries), tuning

@@ -345,7 +345,7 @@ class Snapshot(SearchableSnapshot):
                 self._filters.move_to_end(key)
                 return view
             if self._columns is None:
-                self._columns = FilterColumns(self.ids, self.metadata, self.manifest.user_fields)
+                self._columns = FilterColumns(self.ids, self.metadata, self.user_fields)
             view = FilteredSnapshot(self, np.flatnonzero(self._columns.mask(flt)))
             self._filters[key] = view
             if len(self._filters) > FILTER_CACHE:

@@ -55,6 +55,16 @@ def synthetic_collection(centres: np.ndarray, n: int, rng: np.random.Generator, 
     return out
 
 
+def write_synthetic_shards(folder: Path, count: int, per_shard: int, centres: np.ndarray) -> int:
+    """``count`` vectors of ``synthetic_collection`` around ``centres`` in .npy shards of ``per_shard``
+    rows (``emb_0000.npy``, ...), one seeded stream across them; returns the bytes written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for number, start in enumerate(range(0, count, per_shard)):
+        np.save(folder / f"emb_{number:04d}.npy", synthetic_collection(centres, min(per_shard, count - start), rng))
+    return sum(p.stat().st_size for p in folder.glob("*.npy"))
+
+
 def synthetic_queries(texts: np.ndarray, seed: int = 0, rng: np.random.Generator | None = None) -> np.ndarray:
     """The 500 real caption embeddings with a little noise, normalised: text queries, which sit away
     from the image vectors the collection is drawn around."""

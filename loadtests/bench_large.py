@@ -37,7 +37,7 @@ import numpy as np
 from paraseek.core.bundle import read_manifest
 from paraseek.core.memory import MemorySampler, process_memory
 from paraseek.core.settings import Settings
-from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection
+from paraseek.loadtests.bench_index import DEFAULT_DATA, write_synthetic_shards
 from paraseek.loadtests.bench_service import drive, start_paraseek, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
@@ -51,11 +51,8 @@ def write_shards(folder: Path, count: int, dim: int, data: Path) -> None:
     """``count`` synthetic vectors in .npy shards of SHARD_ROWS, and 500 caption-like query vectors
     beside the folder (``queries.npy``), in the same ``dim``-dimensional space."""
     centres, queries = synthetic_space(dim, data)
-    folder.mkdir(parents=True, exist_ok=True)
+    write_synthetic_shards(folder, count, SHARD_ROWS, centres)
     np.save(folder.parent / "queries.npy", queries)
-    rng = np.random.default_rng(0)
-    for number, start in enumerate(range(0, count, SHARD_ROWS)):
-        np.save(folder / f"emb_{number:04d}.npy", synthetic_collection(centres, min(SHARD_ROWS, count - start), rng))
 
 
 def folder_bytes(path: Path) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection
+from paraseek.loadtests.bench_index import DEFAULT_DATA, write_synthetic_shards
 
 BUILD = """
 import json, resource, sys, time
@@ -49,11 +49,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0,
 
 def write_shards(folder: Path, count: int, shards: int, data: Path) -> int:
     feats = np.load(data / "clip-vitb16-coco500" / "features_clip.npy")
-    rng = np.random.default_rng(0)
-    per = -(-count // shards)
-    for number, start in enumerate(range(0, count, per)):
-        np.save(folder / f"emb_{number:04d}.npy", synthetic_collection(feats[0].astype(np.float32), min(per, count - start), rng))
-    return sum(p.stat().st_size for p in folder.glob("*.npy"))
+    return write_synthetic_shards(folder, count, -(-count // shards), feats[0].astype(np.float32))
 
 
 WRITE = """
