@@ -52,7 +52,8 @@ def paraphrase_cmd(
     results = [evaluate_pairs(enc, snap, text_pairs, k=k)]
     for spec in expansion:
         exp = parse_expansion(spec, enc, snap, Settings(), ppdb, bank)
-        results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp.expand, label=exp.label))
+        results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp.expand, label=exp.label,
+                                      keep_first=exp.keep_first))
     summary = {r.label: r.summary() for r in results}
     if out:
         write_pairs_csv(out / "pairs.csv", text_pairs, results)

@@ -5,7 +5,8 @@ their plain embeddings) to the expanded query vectors, with the same arithmetic 
 Specs: every method of the registry (``paraseek.paraphrase.expansions``), each with its own arguments:
 ``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a cosine
 below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
-neighbours), ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images).
+neighbours), ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images). Any spec may end with
+``:keepK``: the unexpanded query's first K results lead the list (the request's ``keep_first``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ Expander = Callable[[list[str], np.ndarray], np.ndarray]
 class Expansion:
     label: str
     expand: Expander
+    keep_first: int = 0  # the unexpanded query's first results lead each list (``:keepK`` of a spec)
+
+
+def split_keep(spec: str) -> tuple[list[str], int]:
+    """A spec's parts and its ``keepK`` suffix (``bank:30:keep1`` -> (["bank", "30"], 1)), 0 without one."""
+    parts = spec.split(":")
+    if len(parts) > 1 and parts[-1].startswith("keep"):
+        try:
+            return parts[:-1], int(parts[-1][4:])
+        except ValueError:
+            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK with a whole number K") from None
+    return parts, 0
 
 
 def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]], min_cos: float) -> Expander:
@@ -78,23 +91,24 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
                     ppdb: Path | None = None, bank: Path | None = None) -> Expansion:
     """``METHOD[:ARG...]`` of any registered expansion method (``paraseek.paraphrase.expansions``)."""
     settings = settings or Settings()
-    name, *args = spec.split(":")
+    (name, *args), keep = split_keep(spec)
     try:
         method = expansion_method(name)
         params = method.from_spec(args)
         method.check(params)
     except ValueError as exc:
         raise UserError(f"--expansion {spec!r}: {exc}") from None
-    label = method.spec_label(params)
+    label = method.spec_label(params) + (f"-keep{keep}" if keep else "")
     if isinstance(method, RewriteExpansion):
         if params.fusion != "mean":
             raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")
         source = make_source(method.source, settings, ppdb_path=ppdb)
-        return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos))
+        return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos),
+                         keep)
     assert isinstance(method, VectorExpansion)
     lookups = DirectLookups(snapshot, lambda: CaptionBank.load(bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest),
                                                               encoder))
-    return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0])
+    return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0], keep)
 
 
 def spec_help() -> str:

@@ -14,6 +14,7 @@ Two kinds:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, TypeVar
 
@@ -33,6 +34,17 @@ class ExpansionParams:
     m: int = 5  # prf: top images fed back
     alpha: float = 1.0  # prf: weight of the query
     beta: float = 1.0  # prf: weight of the feedback
+    keep_first: int = 0  # the query's own first results stay first; the expansion orders the rest
+
+
+def keep_first(plain: Sequence[int], expanded: Sequence[int], keep: int) -> list[int]:
+    """The list an expansion with ``keep_first`` serves: the unexpanded query's first ``keep`` results,
+    then the expanded query's in its order without those. Expansion buys stability with the precise
+    first answer (the caption bank's mean moves a query toward its neighbours' common meaning); keeping
+    the first answers the query's own restores them, and the order below them stays the stable one."""
+    head = [int(i) for i in plain[:keep] if i >= 0]
+    taken = set(head)
+    return head + [int(i) for i in expanded if i >= 0 and int(i) not in taken]
 
 
 def spec_number(args: list[str], at: int, default: float, kind: type = float):
@@ -66,7 +78,7 @@ class Lookups(Protocol):
 class ExpansionMethod(ABC):
     name: str
     label: str  # what the search page shows
-    spec_help: str  # the evaluation harness's --expansion syntax
+    spec_help: str  # the evaluation harness's --expansion syntax (any spec may end with :keepK, ``keep_first``)
     kind: ClassVar[Literal["rewrites", "vectors"]]
     fusions: ClassVar[tuple[str, ...]] = ("mean",)
     max_n: ClassVar[int] = 64

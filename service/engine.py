@@ -318,7 +318,9 @@ class SearchEngine:
         t_texts = time.perf_counter()
         texts = await self._texts(req)  # paraphrase sources may take seconds: before the encoder call
         t_generated = time.perf_counter()
-        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0)
+        # keep_first: the expanded list loses up to that many results to the plain query's first ones
+        kept = req.expansion.keep_first if req.expansion is not None else 0
+        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0) + kept
         if self._runs_alone(req, texts):
             searched = await self._encode_and_search_alone(active, view, req, texts, k_search)
         else:
@@ -332,7 +334,7 @@ class SearchEngine:
             stage.labels("expand").observe(searched.t_enc - searched.t_embedded)
         stage.labels("search").observe(t_search - t_enc)
 
-        ranked = ranked_page(req.k, req.offset, searched.scores, searched.ids, searched.rows.fused)
+        ranked = ranked_page(req.k, req.offset, searched.scores, searched.ids, searched.rows)
         t_fused = time.perf_counter()
         stage.labels("fusion").observe(t_fused - t_search)
         report = None
@@ -394,7 +396,7 @@ class SearchEngine:
                 lookups = BatchedLookups(self.expansion_sources, active, view, self.index_batcher)
                 batch, neighbour_texts = await method.expand(np.vstack([vectors.query[None], vectors.paraphrases]),
                                                              req.expansion.params(), lookups)
-                expanded, vectors.paraphrases = batch[0], batch[1:]
+                expanded, vectors.plain_paraphrases, vectors.paraphrases = batch[0], vectors.paraphrases, batch[1:]
             t_enc = time.perf_counter()
             rows = plan_rows(req, vectors, expanded, compare_expanded=expanded is not None)
             scores, ids = await self.index_batcher.submit(view, (rows.matrix, k), expected=expected)

@@ -11,7 +11,7 @@ import numpy as np
 from paraseek.core.encoder import l2_normalize
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion, VectorExpansion
+from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion, VectorExpansion, keep_first
 from paraseek.service.errors import RequestError
 from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, Result, SearchRequest
 
@@ -37,6 +37,8 @@ class QueryVectors:
     expansions: np.ndarray
     paraphrases: np.ndarray
     terms: np.ndarray
+    # the paraphrases before a vector expansion moved them (set where one did: ``keep_first`` needs them)
+    plain_paraphrases: np.ndarray | None = None
 
     @classmethod
     def split(cls, texts: QueryTexts, vectors: np.ndarray) -> QueryVectors:
@@ -53,6 +55,14 @@ class QueryRows:
     fused: int  # rows [0, fused) are fused into the result list (1 unless rrf)
     plain_query: int  # the plain query's row (consistency compares it with the paraphrases)
     first_paraphrase: int  # the first paraphrase's row
+    keep: int = 0  # ``keep_first``: the plain query's first results lead the list (0: the fused rows alone)
+    first_plain_paraphrase: int | None = None  # keep with expanded paraphrases: where their plain rows start
+
+    def served(self, ids: np.ndarray, row: int, plain_row: int) -> list[int]:
+        """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin)."""
+        if self.keep and plain_row != row:
+            return keep_first(ids[plain_row], ids[row], self.keep)
+        return [int(i) for i in ids[row] if i >= 0]
 
 
 def vector_expansion(req: SearchRequest) -> VectorExpansion | None:
@@ -104,29 +114,42 @@ def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None =
     if rrf:
         rows.extend(v.expansions)
     fused = len(rows)
+    # keep_first applies where an expansion moved the list (rrf: row 0, the plain query, leads)
+    moved = (main is not v.query or rrf) and not req.terms
+    keep = req.expansion.keep_first if moved and req.expansion is not None else 0
     plain_query = 0
-    if len(v.paraphrases):
-        if main is not v.query and not compare_expanded:
-            assert v.query is not None
-            plain_query = len(rows)
-            rows.append(v.query)  # consistency compares the plain query with its paraphrases
-        first_paraphrase = len(rows)
-        rows.extend(v.paraphrases)
-    else:
-        first_paraphrase = len(rows)
-    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase)
+    if main is not v.query and (keep or (len(v.paraphrases) and not compare_expanded)):
+        assert v.query is not None
+        plain_query = len(rows)
+        rows.append(v.query)  # consistency compares the plain query with its paraphrases; keep_first leads with it
+    first_paraphrase = len(rows)
+    rows.extend(v.paraphrases)
+    first_plain_paraphrase = None
+    if keep and compare_expanded and len(v.paraphrases) and v.plain_paraphrases is not None:
+        first_plain_paraphrase = len(rows)
+        rows.extend(v.plain_paraphrases)
+    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase, keep, first_plain_paraphrase)
 
 
-def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, fused: int) -> list[tuple[int, float, int]]:
-    """The result list, ranks offset+1 .. offset+k; several fused rows are combined by reciprocal rank."""
-    if fused > 1:
+def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: QueryRows) -> list[tuple[int, float, int]]:
+    """The result list, ranks offset+1 .. offset+k; several fused rows are combined by reciprocal rank,
+    and ``keep_first`` puts the plain query's first results ahead of them."""
+    if rows.fused > 1:
         ranks: dict[int, float] = {}
-        for row in ids[:fused]:
+        for row in ids[: rows.fused]:
             for rank, i in enumerate(row[row >= 0]):
                 ranks[int(i)] = ranks.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
         ranked = sorted(ranks.items(), key=lambda kv: -kv[1])
-        return page([i for i, _ in ranked], [s for _, s in ranked], k, offset)
-    return page(ids[0], scores[0], k, offset)
+        listed, listed_scores = [i for i, _ in ranked], [s for _, s in ranked]
+    else:
+        listed, listed_scores = ids[0], scores[0]
+    if not rows.keep:
+        return page(listed, listed_scores, k, offset)
+    score_of = {int(i): float(s) for i, s in zip(listed, listed_scores)}
+    plain = rows.plain_query
+    score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep], scores[plain][: rows.keep])})
+    served = keep_first(ids[plain], listed, rows.keep)
+    return page(served, [score_of[i] for i in served], k, offset)
 
 
 def page(ids, scores, k: int, offset: int, exclude: int | None = None) -> list[tuple[int, float, int]]:
@@ -149,10 +172,13 @@ def consistency_report(req: SearchRequest, paraphrases: list[str], ids: np.ndarr
     """AO@k and JS@k of each paraphrase's list against the plain query's."""
     assert req.consistency is not None
     kc = req.consistency.k
-    qlist = [int(i) for i in ids[rows.plain_query][:kc] if i >= 0]
+    qlist = (rows.served(ids, 0, rows.plain_query) if rows.first_plain_paraphrase is not None
+             else [int(i) for i in ids[rows.plain_query] if i >= 0])[:kc]
     reports = []
-    for text, row in zip(paraphrases, ids[rows.first_paraphrase : rows.first_paraphrase + len(paraphrases)]):
-        plist = [int(i) for i in row[:kc] if i >= 0]
+    for j, text in enumerate(paraphrases):
+        row = rows.first_paraphrase + j
+        plain_row = row if rows.first_plain_paraphrase is None else rows.first_plain_paraphrase + j
+        plist = rows.served(ids, row, plain_row)[:kc]
         reports.append(ParaphraseReport(text=text, ids=plist, ao=average_overlap(qlist, plist, kc),
                                         js=jaccard_at_k(qlist, plist, kc)))
     mean_ao = float(np.mean([r.ao for r in reports]))

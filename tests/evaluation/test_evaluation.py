@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from paraseek.cli import app
+from paraseek.core.errors import UserError
 from paraseek.evaluation import perturb
 from paraseek.evaluation.data import DataError, read_pairs, read_sts
 from paraseek.evaluation.retrieval import cross_modal_recall
@@ -32,6 +33,18 @@ def test_recall_with_several_captions_per_image():
     assert r["i2t_r1"] == pytest.approx(100.0)  # images 10 and 20 each find one of their captions
     with pytest.raises(ValueError, match="not in the gallery"):
         cross_modal_recall(images, [10, 20, 30], texts, [10, 10, 20, 99])
+
+
+def test_recall_with_keep_first_ranks_as_the_served_list():
+    """Caption 0's expanded vector ranks image 30 first, its plain one its own image 10: keep_first 1
+    serves 10 first; caption 1's lists both lead with 20. Below the kept result the expanded order holds."""
+    images = np.eye(3, dtype=np.float32)
+    plain = np.array([[1, 0, 0.5], [0, 1, 0.5]], np.float32)
+    expanded = np.array([[0.2, 0, 1], [0.1, 1, 0.5]], np.float32)
+    assert cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["t2i_r1"] == pytest.approx(50.0)
+    kept = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain, keep_first=1)
+    assert kept["t2i_r1"] == pytest.approx(100.0)
+    assert kept["i2t_r1"] == cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["i2t_r1"]
 
 
 def test_sts_of_starter_text_tower(starter_encoder, shared_data):
@@ -151,6 +164,15 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
     assert [a for a, _ in res.lists] == ia.tolist()
     _, ib = snap.search_ids(exp.expand([b for _, b in pairs], enc.encode_text([b for _, b in pairs])), 10)
     assert res.summary()["distinct_images"] == len(set(ia.ravel().tolist()) | set(ib.ravel().tolist()))
+
+    kept = parse_expansion("bank:5:keep1", enc, snap, bank=bank.path)
+    assert kept.label == "bank5-mean-keep1" and kept.keep_first == 1
+    served = evaluate_pairs(enc, snap, pairs, k=10, expand=kept.expand, keep_first=1, progress=False)
+    _, first = snap.search_ids(qa, 1)
+    _, deeper = snap.search_ids(hand / np.linalg.norm(hand, axis=1, keepdims=True), 11)
+    assert [a for a, _ in served.lists] == [[f[0]] + [i for i in d if i != f[0]][:9] for f, d in zip(first.tolist(), deeper.tolist())]
+    with pytest.raises(UserError, match="keepK"):
+        parse_expansion("bank:5:keepx", enc, snap, bank=bank.path)
 
     r = CliRunner().invoke(app, [
         "eval", "compare", "--model", f"starter={starter_bundle}@{tmp_path / 'snap'}", "--pairs",

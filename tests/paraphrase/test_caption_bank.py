@@ -83,3 +83,12 @@ def test_the_shipped_bank_leaves_the_evaluation_data_out(shared_data):
     with open(shared_data / "paraphrase/cxc_dev_pairs.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert not bank & ({r["caption1"].strip().lower() for r in rows} | {r["caption2"].strip().lower() for r in rows})
+
+
+def test_keep_first_serves_the_plain_head_then_the_expanded_order_without_repeats():
+    from paraseek.paraphrase.expansions import keep_first
+
+    assert keep_first([7, 3, 9], [3, 5, 7, 1], 1) == [7, 3, 5, 1]
+    assert keep_first([7, 3, 9], [3, 5, 7, 1], 2) == [7, 3, 5, 1]
+    assert keep_first([7, 3, 9], [3, 5, 7, 1], 0) == [3, 5, 7, 1]
+    assert keep_first([-1, -1], [4, -1], 1) == [4]  # a search that found nothing pads with -1

@@ -494,6 +494,47 @@ def test_consistency_under_a_vector_expansion_compares_expanded_lists(make_setti
     assert rep["mean_ao"] == pytest.approx(_ao(lists[0], lists[1], 10))
 
 
+def test_keep_first_leads_with_the_plain_query_results_then_the_expanded_order(make_settings, starter_bank, direct):
+    """keep_first 2: the unexpanded query's first two results, then the bank-expanded list without them;
+    pages, scores and the consistency report follow the served list."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    enc, snap = direct
+    query, paraphrase = "a dog lying on a couch", "a puppy resting on a sofa"
+
+    def expanded(v):
+        top = np.argsort(-(starter_bank.vectors @ v))[:6]
+        e = (v + starter_bank.vectors[top].sum(axis=0)) / 7
+        return snap.search_ids((e / np.linalg.norm(e))[None], 20)
+
+    def served(v):
+        plain_scores, plain_ids = snap.search_ids(v[None], 2)
+        exp_scores, exp_ids = expanded(v)
+        head = plain_ids[0].tolist()
+        rest = [(int(i), float(s)) for i, s in zip(exp_ids[0], exp_scores[0]) if int(i) not in head]
+        return list(zip(head, plain_scores[0].tolist())) + rest
+
+    vq, vp = enc.encode_text([query, paraphrase])
+    want, want_paraphrase = served(vq), served(vp)
+    assert [i for i, _ in want[:10]] != expanded(vq)[1][0][:10].tolist()  # the test tells the two lists apart
+    expansion = {"method": "bank", "n": 6, "keep_first": 2}
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+        body = c.post("/v1/search", json={"query": query, "k": 10, "expansion": expansion,
+                                          "consistency": {"paraphrases": [paraphrase], "k": 10}}).json()
+        second_page = c.post("/v1/search", json={"query": query, "k": 5, "offset": 8, "expansion": expansion}).json()
+        bad = c.post("/v1/search", json={"query": query, "expansion": {"method": "bank", "keep_first": 11}})
+    assert [x["id"] for x in body["results"]] == [i for i, _ in want[:10]]
+    assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in want[:10]], abs=1e-4)
+    assert [x["rank"] for x in second_page["results"]] == [9, 10, 11, 12, 13]
+    assert [x["id"] for x in second_page["results"]] == [i for i, _ in want[8:13]]
+    rep = body["consistency"]
+    assert rep["ids"] == [i for i, _ in want[:10]] and rep["paraphrases"][0]["ids"] == [i for i, _ in want_paraphrase[:10]]
+    assert rep["mean_ao"] == pytest.approx(_ao(rep["ids"], rep["paraphrases"][0]["ids"], 10))
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "keep_first"]
+
+
 def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
     for body, loc in (({"query": "x", "k": "5"}, ["body", "k"]), ({"query": "x", "k": True}, ["body", "k"]),
                       ({"terms": [{"text": "a dog", "weight": False}]}, ["body", "terms", 0, "weight"]),
