@@ -105,7 +105,8 @@ class CaptionBank:
         return cls(Path(), manifest, texts, np.asarray(vectors, np.float32))
 
     @classmethod
-    def load(cls, path: str | Path, encoder: Encoder) -> CaptionBank:
+    def read(cls, path: str | Path) -> CaptionBank:
+        """A bank as written, checked for completeness but not against a bundle (``load`` does that)."""
         path = Path(path)
         try:
             manifest = CaptionBankManifest.model_validate_json((path / "manifest.json").read_text())
@@ -113,6 +114,16 @@ class CaptionBank:
             raise CaptionBankError(f"caption bank {path}: manifest.json is missing") from exc
         except ValidationError as exc:
             raise CaptionBankError(f"caption bank {path}: manifest.json is malformed: {exc}") from exc
+        texts = (path / "texts.txt").read_text(encoding="utf-8").splitlines()
+        vectors = np.load(path / "vectors.npy").astype(np.float32)
+        if vectors.shape != (manifest.count, manifest.dim) or len(texts) != manifest.count:
+            raise CaptionBankError(f"caption bank {path}: texts, vectors and manifest disagree on the size")
+        return cls(path, manifest, texts, vectors)
+
+    @classmethod
+    def load(cls, path: str | Path, encoder: Encoder) -> CaptionBank:
+        bank = cls.read(path)
+        manifest = bank.manifest
         if (manifest.bundle, manifest.bundle_version) != (encoder.name, encoder.version):
             raise CaptionBankError(
                 f"caption bank {path} was embedded by bundle {manifest.bundle} v{manifest.bundle_version}, not by "
@@ -120,11 +131,7 @@ class CaptionBank:
         if manifest.image_space != encoder.image_space:
             raise CaptionBankError(f"caption bank {path} is in image space {manifest.image_space!r}, the bundle in "
                                    f"{encoder.image_space!r}: rebuild it with this bundle")
-        texts = (path / "texts.txt").read_text(encoding="utf-8").splitlines()
-        vectors = np.load(path / "vectors.npy").astype(np.float32)
-        if vectors.shape != (manifest.count, manifest.dim) or len(texts) != manifest.count:
-            raise CaptionBankError(f"caption bank {path}: texts, vectors and manifest disagree on the size")
-        return cls(path, manifest, texts, vectors)
+        return bank
 
     def neighbours(self, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, similarities), each (Q, n), most similar first."""

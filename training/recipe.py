@@ -90,6 +90,10 @@ class ObjectiveSpec(Strict):
         "that embedding expanded by its nearest training captions as caption-bank expansion does ('bank': the tower "
         "learns the expansion, so a query needs no expansion at serving time)")
     anchor_bank_n: int = Field(30, ge=1, description="neighbours of a 'bank' anchor target (eq. 5 mean)")
+    anchor_bank: str | None = Field(
+        None, description="caption bank folder whose captions expand a 'bank' anchor target: one `paraseek models "
+        "build-bank --bundle BASE --captions YOUR_CAPTIONS` made with the frozen tower (same image space); default: "
+        "the training captions, embedded by the frozen tower")
 
 
 class TrainSpec(Strict):

@@ -8,6 +8,7 @@ progress bar and JSONL metrics. The run ends by exporting a bundle (and a Tensor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -28,10 +29,10 @@ from paraseek.core.errors import UserError
 from paraseek.core.bundle import read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
-from paraseek.paraphrase.caption_bank import CaptionBank
+from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError
 from paraseek.training.export.hf_text import minilm_dir
 from paraseek.training.export.starter import ensure_starter_bundle
-from paraseek.training.data import TrainingData, difference_batch, load_training_data, sample_batch
+from paraseek.training.data import TrainingData, difference_batch, load_training_data, resolve_data_path, sample_batch
 from paraseek.training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
 from paraseek.training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
 from paraseek.training.recipe import Recipe
@@ -85,29 +86,53 @@ def cosine_schedule(warmup: int, total: int):
     return factor
 
 
+def bank_of_frozen_tower(path: Path, frozen: TextTower) -> CaptionBank:
+    """A caption bank made with the frozen tower (``paraseek models build-bank --bundle BASE``): a bank of
+    another image space or width would pull the tower toward another model's embeddings."""
+    try:
+        bank = CaptionBank.read(path)
+    except (CaptionBankError, OSError) as exc:
+        raise UserError(f"objective.anchor_bank: {exc}") from None
+    with torch.no_grad():
+        dim = int(frozen.encode(["a photo"]).shape[-1])
+    if bank.manifest.image_space != frozen.image_space or bank.manifest.dim != dim:
+        raise UserError(f"objective.anchor_bank: {path} holds {bank.manifest.dim}-d vectors in image space "
+                        f"{bank.manifest.image_space!r}; the tower being trained is {dim}-d in {frozen.image_space!r}: "
+                        "build the bank with the frozen tower's bundle (paraseek models build-bank --bundle BASE)")
+    return bank
+
+
 class AnchorTargets:
     """Anchor targets that teach the tower caption-bank expansion: for every training text, the frozen
-    tower's embedding moved to the eq. 5 mean with its ``n`` nearest human training captions (the
-    expansion the service applies with a caption bank). Computed once per run directory."""
+    tower's embedding moved to the eq. 5 mean with its ``n`` nearest captions of a bank (the expansion
+    the service applies with a caption bank): the human training captions embedded by the frozen tower,
+    or a bank built beforehand from the user's own captions (``objective.anchor_bank``). Computed once
+    per run directory."""
 
     def __init__(self, texts: list[str], vectors: np.ndarray):
         self.row = {t: i for i, t in enumerate(texts)}
         self.vectors = torch.from_numpy(vectors.astype(np.float32))
 
     @classmethod
-    def expanded(cls, frozen: TextTower, data: TrainingData, n: int, run_dir: Path, batch: int = 256) -> AnchorTargets:
+    def expanded(cls, frozen: TextTower, data: TrainingData, n: int, run_dir: Path, batch: int = 256,
+                 bank_path: Path | None = None) -> AnchorTargets:
         captions = list(dict.fromkeys(c for group in data.captions + (data.text_groups or []) for c in group))
         rewrites = [r for pair in data.rewrites.values() for r in pair if r]
         texts = list(dict.fromkeys(captions + rewrites))
+        given = bank_of_frozen_tower(bank_path, frozen) if bank_path is not None else None
+        source = "training captions"  # what the cached targets were expanded with
+        if given is not None:
+            digest = hashlib.sha256("\n".join(given.texts).encode() + given.vectors.tobytes()).hexdigest()[:16]
+            source = f"bank {given.manifest.bundle} {given.manifest.count} {digest}"
         cache = run_dir / f"anchor-targets-bank{n}.npz"
         if cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
-                if z["texts"].tolist() == texts:
+                if z["texts"].tolist() == texts and "bank" in z.files and str(z["bank"]) == source:
                     return cls(texts, z["vectors"])
         plain = frozen.embed(texts, batch, desc="anchor targets")
-        bank = CaptionBank.in_memory(captions, plain[: len(captions)])
+        bank = given or CaptionBank.in_memory(captions, plain[: len(captions)])
         vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
-        np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32))
+        np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32), bank=np.array(source))
         return cls(texts, vectors)
 
     def of(self, texts: list[str]) -> torch.Tensor:
@@ -143,7 +168,8 @@ class Trainer:
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         o = recipe.objective
-        self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir)
+        bank_path = resolve_data_path(o.anchor_bank) if o.anchor_bank else None
+        self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir, bank_path=bank_path)
                                if self.original is not None and o.anchor_weight > 0 and o.anchor_target == "bank" else None)
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")

@@ -8,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from paraseek.cli import app
+from paraseek.core.errors import UserError
 from tests.conftest import TINY_CLIP_CONFIG
 from paraseek.training.recipe import RecipeError, list_recipes, load_recipe
 from paraseek.training.trainer import Trainer, train
@@ -150,3 +151,40 @@ def test_text_only_caption_sets_feed_l2_l3(shared_data, starter_bundle, tmp_path
     assert len(batch.images) == 4 and len(batch.x) == len(batch.x1) == len(batch.x2) == 7
     losses = trainer.fit(progress=False)
     assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(tiny_clip, shared_data, starter_bundle,
+                                                                                 tmp_path):
+    """robust-openclip: a bank built by `paraseek models build-bank` with the frozen tower's bundle sets
+    the anchor targets (eq. 5 mean over its nearest captions), the run trains and exports; a bank of
+    another image space is refused naming the field."""
+    from paraseek.paraphrase.caption_bank import CaptionBank
+
+    bundle, _, ckpt = tiny_clip
+    groups = [f"{i}\t{c}" for i, g in enumerate((("a dog on a sofa", "a puppy on a couch"), ("a red bus", "a bus in a street"),
+                                                  ("two cats", "a pair of kittens"))) for c in g]
+    (tmp_path / "sets.tsv").write_text("image_id\tcaption\n" + "\n".join(groups) + "\n")
+    (tmp_path / "mine.txt").write_text("a dog asleep\na bus stop\na kitten\na cat on a bed\na street at night\n")
+    r = CliRunner().invoke(app, ["models", "build-bank", "--bundle", str(bundle), "--captions", str(tmp_path / "mine.txt"),
+                                 "--out", str(tmp_path / "bank")])
+    assert r.exit_code == 0, r.output
+    common = ["model.name=tiny-clip", f"model.config={TINY_CLIP_CONFIG}", f"model.pretrained={ckpt}",
+              f"data.text_captions={tmp_path / 'sets.tsv'}", "data.text_per_batch=2", "objective.anchor_bank_n=2",
+              "data.paraphrases.dataset=" + str(tmp_path / "para.jsonl"), "train.lr=1e-3"]
+    spec = tiny("robust-openclip", shared_data, starter_bundle, *common, f"objective.anchor_bank={tmp_path / 'bank'}")
+    trainer = Trainer(spec, tmp_path / "run")
+    bank = CaptionBank.read(tmp_path / "bank")
+    texts = ["a puppy on a couch", trainer.data.captions[0][0]]
+    want = bank.expand(trainer.original.embed(texts), 2)
+    np.testing.assert_allclose(trainer.anchor_targets.of(texts).numpy(), want, atol=2e-3)  # bank vectors are fp16
+    losses = trainer.fit(progress=False)
+    assert len(losses) == 2 and all(np.isfinite(losses)) and "anchor" in json.loads(
+        (tmp_path / "run/metrics.jsonl").read_text().splitlines()[-1])
+    assert trainer.export().joinpath("manifest.json").is_file()
+
+    r = CliRunner().invoke(app, ["models", "build-bank", "--bundle", str(starter_bundle), "--captions",
+                                 str(tmp_path / "mine.txt"), "--out", str(tmp_path / "starter-bank")])
+    assert r.exit_code == 0, r.output
+    with pytest.raises(UserError, match="objective.anchor_bank: .*image space"):
+        Trainer(tiny("robust-openclip", shared_data, starter_bundle, *common,
+                     f"objective.anchor_bank={tmp_path / 'starter-bank'}"), tmp_path / "run2")
