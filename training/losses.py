@@ -90,6 +90,16 @@ def anchor_loss(tuned: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
     return (1 - (tuned * original).sum(-1)).mean()
 
 
+def relation_loss(tuned: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
+    """Similarity-structure distillation: mean squared difference between the off-diagonal cosines of
+    the tuned rows and of the original tower's rows of the same texts."""
+    n = len(tuned)
+    if n < 2:
+        return tuned.sum() * 0
+    off = ~torch.eye(n, dtype=torch.bool, device=tuned.device)
+    return ((tuned @ tuned.T - original @ original.T)[off] ** 2).mean()
+
+
 @torch.no_grad()
 def wise_ft(original: dict[str, torch.Tensor], tuned: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
     """WiSE-FT weight interpolation: (1 - alpha) * original + alpha * tuned (alpha = 1: tuned as is)."""

@@ -90,6 +90,10 @@ class ObjectiveSpec(Strict):
         "that embedding expanded by its nearest training captions as caption-bank expansion does ('bank': the tower "
         "learns the expansion, so a query needs no expansion at serving time)")
     anchor_bank_n: int = Field(30, ge=1, description="neighbours of a 'bank' anchor target (eq. 5 mean)")
+    relation_weight: float = Field(
+        0.0, ge=0, description="weight of the similarity-structure term: the cosines among a batch's captions of "
+        "different photos kept at the frozen tower's (squared error), so consistency training does not reshape "
+        "how unrelated sentences compare (what STS measures)")
     anchor_bank: str | None = Field(
         None, description="caption bank folder whose captions expand a 'bank' anchor target: one `paraseek models "
         "build-bank --bundle BASE --captions YOUR_CAPTIONS` made with the frozen tower (same image space); default: "
@@ -124,6 +128,8 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _compatible(self):
+        if self.objective.relation_weight > 0 and self.objective.kind != "paraclip":
+            raise ValueError("objective.relation_weight: the similarity-structure term is part of the paraclip objective")
         if self.objective.anchor_weight > 0 and self.model.kind == "alignment":
             raise ValueError("objective.anchor_weight: alignment layers start from scratch, there is nothing to anchor to")
         return self

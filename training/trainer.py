@@ -33,7 +33,8 @@ from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError
 from paraseek.training.export.hf_text import minilm_dir
 from paraseek.training.export.starter import ensure_starter_bundle
 from paraseek.training.data import TrainingData, difference_batch, load_training_data, resolve_data_path, sample_batch
-from paraseek.training.losses import Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss, wise_ft
+from paraseek.training.losses import (Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss,
+                                      relation_loss, wise_ft)
 from paraseek.training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
 from paraseek.training.recipe import Recipe
 
@@ -109,9 +110,10 @@ class AnchorTargets:
     or a bank built beforehand from the user's own captions (``objective.anchor_bank``). Computed once
     per run directory."""
 
-    def __init__(self, texts: list[str], vectors: np.ndarray):
+    def __init__(self, texts: list[str], vectors: np.ndarray, plain: np.ndarray):
         self.row = {t: i for i, t in enumerate(texts)}
         self.vectors = torch.from_numpy(vectors.astype(np.float32))
+        self.plain = torch.from_numpy(plain.astype(np.float32))  # the frozen tower's own embeddings
 
     @classmethod
     def expanded(cls, frozen: TextTower, data: TrainingData, n: int, run_dir: Path, batch: int = 256,
@@ -128,15 +130,19 @@ class AnchorTargets:
         if cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
                 if z["texts"].tolist() == texts and "bank" in z.files and str(z["bank"]) == source:
-                    return cls(texts, z["vectors"])
+                    return cls(texts, z["vectors"], z["plain"])
         plain = frozen.embed(texts, batch, desc="anchor targets")
         bank = given or CaptionBank.in_memory(captions, plain[: len(captions)])
         vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
-        np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32), bank=np.array(source))
-        return cls(texts, vectors)
+        np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32), plain=plain.astype(np.float32),
+                 bank=np.array(source))
+        return cls(texts, vectors, plain)
 
     def of(self, texts: list[str]) -> torch.Tensor:
         return self.vectors[[self.row[t] for t in texts]]
+
+    def plain_of(self, texts: list[str]) -> torch.Tensor:
+        return self.plain[[self.row[t] for t in texts]]
 
 
 @dataclass
@@ -164,7 +170,8 @@ class Trainer:
         seed_everything(t.seed)
         self.tower, self.image_encoder = build_model(recipe, self.run_dir)
         self.tower.to(self.device)
-        self.original = frozen_copy(self.tower) if (recipe.objective.anchor_weight > 0 or t.wise_ft_alpha < 1) else None
+        self.original = (frozen_copy(self.tower) if (recipe.objective.anchor_weight > 0 or recipe.objective.relation_weight > 0
+                                                      or t.wise_ft_alpha < 1) else None)
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         o = recipe.objective
@@ -269,6 +276,17 @@ class Trainer:
             anchor_term = anchor_loss(anchor_vecs, ref)
             parts["anchor"] = float(anchor_term.detach())
             loss = loss + o.anchor_weight * anchor_term
+        if o.relation_weight > 0:
+            # among the captions of different photos only: pairs of one photo are the paraphrases to pull together
+            first = anchor_vecs[: len(batch.x)]  # paraclip's x (the recipe allows the term there only)
+            if self.anchor_targets is not None:
+                plain = self.anchor_targets.plain_of(batch.x).to(self.device)
+            else:
+                with torch.no_grad():
+                    plain = self.original.encode(batch.x)
+            relation = relation_loss(first, plain)
+            parts["relation"] = float(relation.detach())
+            loss = loss + o.relation_weight * relation
         return loss, parts
 
     # -- loop --------------------------------------------------------------------------------

@@ -74,3 +74,16 @@ def test_anchor_and_temperature_and_wise_ft():
     assert mixed["w"].tolist() == [0.25, 0.25]
     with pytest.raises(ValueError):
         wise_ft({"w": torch.zeros(1)}, {"w": torch.ones(1)}, 1.5)
+
+
+def test_relation_loss_is_zero_for_the_same_structure_and_grows_with_a_change():
+    from paraseek.training.losses import relation_loss
+
+    torch.manual_seed(0)
+    a = torch.nn.functional.normalize(torch.randn(8, 16), dim=-1)
+    rotation = torch.linalg.qr(torch.randn(16, 16))[0]
+    assert float(relation_loss(a @ rotation, a)) == pytest.approx(0.0, abs=1e-10)  # a rotation keeps every cosine
+    b = torch.nn.functional.normalize(a + 0.02 * torch.randn(8, 16), dim=-1)
+    c = torch.nn.functional.normalize(a + 1.0 * torch.randn(8, 16), dim=-1)
+    assert 0 < float(relation_loss(b, a)) < float(relation_loss(c, a))
+    assert float(relation_loss(a[:1], a[:1])) == 0.0

@@ -98,6 +98,7 @@ def test_wise_ft_interpolates_towards_the_original(shared_data, starter_bundle, 
     (["model.kind=alignment", "model.image_bundle=null"], "image_bundle"),
     (["train.unknown_field=3"], "recipe.train.unknown_field"),
     (["model.kind=alignment", "objective.anchor_weight=1"], "anchor_weight"),
+    (["objective.kind=laclip", "objective.relation_weight=1"], "relation_weight"),
 ])
 def test_bad_recipes_name_the_field(overrides, message):
     with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
@@ -188,3 +189,19 @@ def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(t
     with pytest.raises(UserError, match="objective.anchor_bank: .*image space"):
         Trainer(tiny("robust-openclip", shared_data, starter_bundle, *common,
                      f"objective.anchor_bank={tmp_path / 'starter-bank'}"), tmp_path / "run2")
+
+
+def test_the_similarity_structure_term_trains_and_is_logged(shared_data, starter_bundle, tmp_path):
+    """relation_weight: the term compares the tuned tower's cosines among the batch's captions with the
+    frozen tower's; with the bank anchor it reads the frozen embeddings kept beside the targets."""
+    head = (shared_data / "coco-captions/train_captions.tsv").read_text().splitlines()[:61]
+    (tmp_path / "sets.tsv").write_text("\n".join(head) + "\n")
+    spec = tiny("robust-starter", shared_data, starter_bundle, "objective.relation_weight=50", "data.text_per_batch=3",
+                "data.image_embeddings=null", f"data.text_captions={tmp_path / 'sets.tsv'}",
+                "data.paraphrases.dataset=" + str(tmp_path / "para.jsonl"))
+    trainer = Trainer(spec, tmp_path / "run")
+    texts = [trainer.data.captions[0][0], trainer.data.captions[1][0]]
+    np.testing.assert_allclose(trainer.anchor_targets.plain_of(texts).numpy(), trainer.original.embed(texts), atol=1e-5)
+    losses = trainer.fit(progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(np.isfinite(losses)) and all(r["relation"] >= 0 for r in rows)
