@@ -53,7 +53,7 @@ def paraphrase_cmd(
     for spec in expansion:
         exp = parse_expansion(spec, enc, snap, Settings(), ppdb, bank)
         results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp.expand, label=exp.label,
-                                      keep_first=exp.keep_first))
+                                      keep=exp.keep))
     summary = {r.label: r.summary() for r in results}
     if out:
         write_pairs_csv(out / "pairs.csv", text_pairs, results)

@@ -6,12 +6,14 @@ Specs: every method of the registry (``paraseek.paraphrase.expansions``), each w
 ``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a cosine
 below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
 neighbours), ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images). Any spec may end with
-``:keepK``: the unexpanded query's first K results lead the list (the request's ``keep_first``).
+``:keepK`` or ``:keepKinW``: the unexpanded query's first K results lead the list (the request's
+``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,7 +26,7 @@ from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.settings import Settings
 from paraseek.index.snapshot import Snapshot
 from paraseek.paraphrase.caption_bank import CaptionBank, bank_dir
-from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion, VectorExpansion, expansion_method
+from paraseek.paraphrase.expansions import EXPANSIONS, KeepFirst, RewriteExpansion, VectorExpansion, expansion_method
 from paraseek.paraphrase.factory import make_source
 
 Expander = Callable[[list[str], np.ndarray], np.ndarray]
@@ -34,18 +36,19 @@ Expander = Callable[[list[str], np.ndarray], np.ndarray]
 class Expansion:
     label: str
     expand: Expander
-    keep_first: int = 0  # the unexpanded query's first results lead each list (``:keepK`` of a spec)
+    keep: KeepFirst = KeepFirst()  # the unexpanded query's first results lead each list (``:keepK[inW]``)
 
 
-def split_keep(spec: str) -> tuple[list[str], int]:
-    """A spec's parts and its ``keepK`` suffix (``bank:30:keep1`` -> (["bank", "30"], 1)), 0 without one."""
+def split_keep(spec: str) -> tuple[list[str], KeepFirst]:
+    """A spec's parts and its ``keepK`` or ``keepKinW`` suffix (``bank:30:keep1in5`` -> (["bank", "30"],
+    KeepFirst(1, 5))); none without one."""
     parts = spec.split(":")
     if len(parts) > 1 and parts[-1].startswith("keep"):
-        try:
-            return parts[:-1], int(parts[-1][4:])
-        except ValueError:
-            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK with a whole number K") from None
-    return parts, 0
+        match = re.fullmatch(r"keep(\d+)(?:in(\d+))?", parts[-1])
+        if match is None:
+            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK or keepKinW (whole numbers)")
+        return parts[:-1], KeepFirst(int(match.group(1)), int(match.group(2) or 0))
+    return parts, KeepFirst()
 
 
 def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]], min_cos: float) -> Expander:
@@ -98,7 +101,7 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         method.check(params)
     except ValueError as exc:
         raise UserError(f"--expansion {spec!r}: {exc}") from None
-    label = method.spec_label(params) + (f"-keep{keep}" if keep else "")
+    label = method.spec_label(params) + (f"-keep{keep.n}" + (f"in{keep.within}" if keep.within else "") if keep else "")
     if isinstance(method, RewriteExpansion):
         if params.fusion != "mean":
             raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")

@@ -20,6 +20,7 @@ from paraseek.evaluation.retrieval import cross_modal_recall
 from paraseek.evaluation.sts import evaluate_sts
 from paraseek.index.builder import build_snapshot
 from paraseek.index.snapshot import Snapshot
+from paraseek.paraphrase.expansions import KeepFirst
 
 
 class NoCaptionsError(UserError):
@@ -38,14 +39,14 @@ def snapshot_captions(snapshot) -> tuple[list[str], list[int]]:
     return texts, ids
 
 
-def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None, keep_first: int = 0) -> dict[str, float]:
+def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None, keep: KeepFirst = KeepFirst()) -> dict[str, float]:
     """Retrieval with the snapshot's own captions as queries (expanded by ``expand`` when given, the
-    unexpanded query's first ``keep_first`` results leading)."""
+    unexpanded query's first results leading as ``keep`` says)."""
     texts, ids = snapshot_captions(snapshot)
     plain = encoder.encode_text(texts)
     queries = expand(texts, plain) if expand is not None else plain
     return cross_modal_recall(np.asarray(snapshot.vectors()), snapshot.ids, queries, ids,
-                              plain_text_vecs=plain, keep_first=keep_first)
+                              plain_text_vecs=plain, keep=keep)
 
 
 def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: int = 0, k: int = 10,
@@ -122,12 +123,12 @@ def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=
             row: dict = {"model": name, "bundle": f"{enc.name} v{enc.version}", "images": len(snap)}
             if pairs:
                 res = evaluate_pairs(enc, snap, pairs, k=k, progress=progress, expand=exp.expand if exp else None,
-                                     keep_first=exp.keep_first if exp else 0)
+                                     keep=exp.keep if exp else KeepFirst())
                 row[f"AO@{k}"], row[f"JS@{k}"] = float(res.ao.mean()), float(res.js.mean())
                 row[f"distinct images in top-{k}"] = res.summary()["distinct_images"]
                 ao_distributions[name] = res.ao
             try:
-                r = retrieval_on_snapshot(enc, snap, exp.expand if exp else None, exp.keep_first if exp else 0)
+                r = retrieval_on_snapshot(enc, snap, exp.expand if exp else None, exp.keep if exp else KeepFirst())
                 row.update({"T2I R@1": r["t2i_r1"], "T2I R@5": r["t2i_r5"], "T2I R@10": r["t2i_r10"]})
                 if exp is None:  # image-to-text and RSUM do not depend on query expansion
                     row.update({"I2T R@1": r["i2t_r1"], "I2T R@5": r["i2t_r5"], "I2T R@10": r["i2t_r10"], "RSUM": r["rsum"]})

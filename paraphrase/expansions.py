@@ -35,16 +35,34 @@ class ExpansionParams:
     alpha: float = 1.0  # prf: weight of the query
     beta: float = 1.0  # prf: weight of the feedback
     keep_first: int = 0  # the query's own first results stay first; the expansion orders the rest
+    keep_within: int = 0  # ... only those the expanded list ranks within its first keep_within (0: always)
 
 
-def keep_first(plain: Sequence[int], expanded: Sequence[int], keep: int) -> list[int]:
-    """The list an expansion with ``keep_first`` serves: the unexpanded query's first ``keep`` results,
-    then the expanded query's in its order without those. Expansion buys stability with the precise
-    first answer (the caption bank's mean moves a query toward its neighbours' common meaning); keeping
-    the first answers the query's own restores them, and the order below them stays the stable one."""
-    head = [int(i) for i in plain[:keep] if i >= 0]
-    taken = set(head)
-    return head + [int(i) for i in expanded if i >= 0 and int(i) not in taken]
+@dataclass(frozen=True)
+class KeepFirst:
+    """The list an expansion with ``keep_first`` serves: the unexpanded query's first ``n`` results, then
+    the expanded query's list without them. Expansion buys stability with the precise first answer (the
+    caption bank's mean moves a query toward its neighbours' common meaning); keeping the query's own
+    first answers restores them, and the order below them stays the stable one. ``within`` keeps only
+    those the expanded list also ranks within its first ``within``: a first answer the expansion pushes
+    far down is one that a rephrasing of the query would not share either."""
+
+    n: int = 0
+    within: int = 0
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    @property
+    def depth(self) -> int:
+        """How many more expanded results a list of k needs (the kept ones and the ``within`` check)."""
+        return max(self.n, self.within)
+
+    def serve(self, plain: Sequence[int], expanded: Sequence[int]) -> list[int]:
+        look = {int(i) for i in expanded[: self.within]} if self.within else None
+        head = [int(i) for i in plain[: self.n] if i >= 0 and (look is None or int(i) in look)]
+        taken = set(head)
+        return head + [int(i) for i in expanded if i >= 0 and int(i) not in taken]
 
 
 def spec_number(args: list[str], at: int, default: float, kind: type = float):

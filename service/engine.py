@@ -37,6 +37,7 @@ from paraseek.service.query_plan import (
     QueryRows,
     QueryTexts,
     consistency_report,
+    keep_of,
     page,
     plan_rows,
     query_vectors,
@@ -319,8 +320,7 @@ class SearchEngine:
         texts = await self._texts(req)  # paraphrase sources may take seconds: before the encoder call
         t_generated = time.perf_counter()
         # keep_first: the expanded list loses up to that many results to the plain query's first ones
-        kept = req.expansion.keep_first if req.expansion is not None else 0
-        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0) + kept
+        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0) + keep_of(req).depth
         if self._runs_alone(req, texts):
             searched = await self._encode_and_search_alone(active, view, req, texts, k_search)
         else:

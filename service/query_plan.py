@@ -11,7 +11,7 @@ import numpy as np
 from paraseek.core.encoder import l2_normalize
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import EXPANSIONS, RewriteExpansion, VectorExpansion, keep_first
+from paraseek.paraphrase.expansions import EXPANSIONS, KeepFirst, RewriteExpansion, VectorExpansion
 from paraseek.service.errors import RequestError
 from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, Result, SearchRequest
 
@@ -55,13 +55,13 @@ class QueryRows:
     fused: int  # rows [0, fused) are fused into the result list (1 unless rrf)
     plain_query: int  # the plain query's row (consistency compares it with the paraphrases)
     first_paraphrase: int  # the first paraphrase's row
-    keep: int = 0  # ``keep_first``: the plain query's first results lead the list (0: the fused rows alone)
+    keep: KeepFirst = KeepFirst()  # ``keep_first``: the plain query's first results lead the list
     first_plain_paraphrase: int | None = None  # keep with expanded paraphrases: where their plain rows start
 
     def served(self, ids: np.ndarray, row: int, plain_row: int) -> list[int]:
         """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin)."""
         if self.keep and plain_row != row:
-            return keep_first(ids[plain_row], ids[row], self.keep)
+            return self.keep.serve(ids[plain_row], ids[row])
         return [int(i) for i in ids[row] if i >= 0]
 
 
@@ -87,6 +87,12 @@ def query_vectors(req: SearchRequest, texts: QueryTexts, embedded: np.ndarray) -
         vectors.expansions = vectors.expansions[keep]
         texts.expansions = [t for t, k in zip(texts.expansions, keep) if k]
     return vectors
+
+
+def keep_of(req: SearchRequest) -> KeepFirst:
+    """The request's ``keep_first`` (none without an expansion)."""
+    e = req.expansion
+    return KeepFirst(e.keep_first, e.keep_within) if e is not None and e.method != "none" else KeepFirst()
 
 
 def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None = None,
@@ -116,7 +122,7 @@ def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None =
     fused = len(rows)
     # keep_first applies where an expansion moved the list (rrf: row 0, the plain query, leads)
     moved = (main is not v.query or rrf) and not req.terms
-    keep = req.expansion.keep_first if moved and req.expansion is not None else 0
+    keep = keep_of(req) if moved else KeepFirst()
     plain_query = 0
     if main is not v.query and (keep or (len(v.paraphrases) and not compare_expanded)):
         assert v.query is not None
@@ -147,8 +153,8 @@ def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: 
         return page(listed, listed_scores, k, offset)
     score_of = {int(i): float(s) for i, s in zip(listed, listed_scores)}
     plain = rows.plain_query
-    score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep], scores[plain][: rows.keep])})
-    served = keep_first(ids[plain], listed, rows.keep)
+    score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep.n], scores[plain][: rows.keep.n])})
+    served = rows.keep.serve(ids[plain], listed)
     return page(served, [score_of[i] for i in served], k, offset)
 
 

@@ -86,6 +86,9 @@ class Expansion(StrictModel):
     keep_first: StrictInt = Field(
         0, ge=0, le=10, description="the unexpanded query's first results that stay first; the expansion orders the "
         "rest (expansion steadies the list under rephrasing and blurs the first answer: keep_first 1 keeps both)")
+    keep_within: StrictInt = Field(
+        0, ge=0, le=100, description="keep_first keeps only those of the query's first results that the expanded "
+        "list ranks within its first keep_within (0: always)")
 
     @field_validator("n")
     @classmethod
@@ -104,7 +107,7 @@ class Expansion(StrictModel):
 
     def params(self) -> ExpansionParams:
         return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta,
-                               keep_first=self.keep_first)
+                               keep_first=self.keep_first, keep_within=self.keep_within)
 
 
 class Consistency(StrictModel):

@@ -12,6 +12,7 @@ from paraseek.core.errors import UserError
 from paraseek.evaluation import perturb
 from paraseek.evaluation.data import DataError, read_pairs, read_sts
 from paraseek.evaluation.retrieval import cross_modal_recall
+from paraseek.paraphrase.expansions import KeepFirst
 
 
 def test_reproduces_real_clip_recall(shared_data):
@@ -42,7 +43,7 @@ def test_recall_with_keep_first_ranks_as_the_served_list():
     plain = np.array([[1, 0, 0.5], [0, 1, 0.5]], np.float32)
     expanded = np.array([[0.2, 0, 1], [0.1, 1, 0.5]], np.float32)
     assert cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["t2i_r1"] == pytest.approx(50.0)
-    kept = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain, keep_first=1)
+    kept = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain, keep=KeepFirst(1))
     assert kept["t2i_r1"] == pytest.approx(100.0)
     assert kept["i2t_r1"] == cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["i2t_r1"]
 
@@ -166,12 +167,13 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
     assert res.summary()["distinct_images"] == len(set(ia.ravel().tolist()) | set(ib.ravel().tolist()))
 
     kept = parse_expansion("bank:5:keep1", enc, snap, bank=bank.path)
-    assert kept.label == "bank5-mean-keep1" and kept.keep_first == 1
-    served = evaluate_pairs(enc, snap, pairs, k=10, expand=kept.expand, keep_first=1, progress=False)
+    assert kept.label == "bank5-mean-keep1" and kept.keep == KeepFirst(1)
+    assert parse_expansion("bank:5:keep1in4", enc, snap, bank=bank.path).keep == KeepFirst(1, 4)
+    served = evaluate_pairs(enc, snap, pairs, k=10, expand=kept.expand, keep=kept.keep, progress=False)
     _, first = snap.search_ids(qa, 1)
     _, deeper = snap.search_ids(hand / np.linalg.norm(hand, axis=1, keepdims=True), 11)
     assert [a for a, _ in served.lists] == [[f[0]] + [i for i in d if i != f[0]][:9] for f, d in zip(first.tolist(), deeper.tolist())]
-    with pytest.raises(UserError, match="keepK"):
+    with pytest.raises(UserError, match="keepKinW"):
         parse_expansion("bank:5:keepx", enc, snap, bank=bank.path)
 
     r = CliRunner().invoke(app, [

@@ -86,9 +86,14 @@ def test_the_shipped_bank_leaves_the_evaluation_data_out(shared_data):
 
 
 def test_keep_first_serves_the_plain_head_then_the_expanded_order_without_repeats():
-    from paraseek.paraphrase.expansions import keep_first
+    from paraseek.paraphrase.expansions import KeepFirst
 
-    assert keep_first([7, 3, 9], [3, 5, 7, 1], 1) == [7, 3, 5, 1]
-    assert keep_first([7, 3, 9], [3, 5, 7, 1], 2) == [7, 3, 5, 1]
-    assert keep_first([7, 3, 9], [3, 5, 7, 1], 0) == [3, 5, 7, 1]
-    assert keep_first([-1, -1], [4, -1], 1) == [4]  # a search that found nothing pads with -1
+    assert KeepFirst(1).serve([7, 3, 9], [3, 5, 7, 1]) == [7, 3, 5, 1]
+    assert KeepFirst(2).serve([7, 3, 9], [3, 5, 7, 1]) == [7, 3, 5, 1]
+    assert KeepFirst(0).serve([7, 3, 9], [3, 5, 7, 1]) == [3, 5, 7, 1] and not KeepFirst(0)
+    assert KeepFirst(1).serve([-1, -1], [4, -1]) == [4]  # a search that found nothing pads with -1
+    # within: a first answer the expanded list ranks below its first W is not kept
+    assert KeepFirst(1, within=2).serve([7, 3], [3, 5, 7, 1]) == [3, 5, 7, 1]
+    assert KeepFirst(1, within=3).serve([7, 3], [3, 5, 7, 1]) == [7, 3, 5, 1]
+    assert KeepFirst(2, within=2).serve([7, 3], [3, 5, 7, 1]) == [3, 5, 7, 1]  # 3 kept (ranked 1st), 7 not
+    assert KeepFirst(1, within=5).depth == 5 and KeepFirst(2).depth == 2

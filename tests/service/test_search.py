@@ -524,6 +524,8 @@ def test_keep_first_leads_with_the_plain_query_results_then_the_expanded_order(m
         body = c.post("/v1/search", json={"query": query, "k": 10, "expansion": expansion,
                                           "consistency": {"paraphrases": [paraphrase], "k": 10}}).json()
         second_page = c.post("/v1/search", json={"query": query, "k": 5, "offset": 8, "expansion": expansion}).json()
+        within = {q: c.post("/v1/search", json={"query": q, "k": 10, "expansion": {**expansion, "keep_within": 2}}).json()
+                  for q in (query, paraphrase, "a red bus in a city street", "two cats on a bed")}
         bad = c.post("/v1/search", json={"query": query, "expansion": {"method": "bank", "keep_first": 11}})
     assert [x["id"] for x in body["results"]] == [i for i, _ in want[:10]]
     assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in want[:10]], abs=1e-4)
@@ -533,6 +535,15 @@ def test_keep_first_leads_with_the_plain_query_results_then_the_expanded_order(m
     assert rep["ids"] == [i for i, _ in want[:10]] and rep["paraphrases"][0]["ids"] == [i for i, _ in want_paraphrase[:10]]
     assert rep["mean_ao"] == pytest.approx(_ao(rep["ids"], rep["paraphrases"][0]["ids"], 10))
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "keep_first"]
+    from paraseek.paraphrase.expansions import KeepFirst
+
+    differs = []
+    for q, answer in within.items():  # keep_within 2: a first result leads only if the expanded list has it in its top 2
+        v = enc.encode_text([q])[0]
+        plain_ids, exp_ids = snap.search_ids(v[None], 2)[1][0].tolist(), expanded(v)[1][0].tolist()
+        assert [x["id"] for x in answer["results"]] == KeepFirst(2, 2).serve(plain_ids, exp_ids)[:10]
+        differs.append(KeepFirst(2, 2).serve(plain_ids, exp_ids)[:10] != KeepFirst(2).serve(plain_ids, exp_ids)[:10])
+    assert any(differs)  # the queries tell keep_within from keeping always
 
 
 def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
