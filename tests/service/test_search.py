@@ -685,3 +685,26 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_cache_breaker_state", ())] == 0.0
     assert after[("process_resident_memory_bytes", ())] > 10e6
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
+
+
+@pytest.mark.parametrize("starter, within", [("robust", 5), ("plain", 0)])
+def test_the_embedded_default_expansion_keeps_the_first_answer(starter, within, make_settings, starter_bank):
+    """Each starter's default is a valid request expansion that keeps the query's first result, and the
+    server applies it when a request names none."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+    from paraseek.service.schemas import Expansion
+    from paraseek.training.embedded import with_default_expansion
+
+    settings = with_default_expansion(make_settings(starter=starter, caption_bank=starter_bank.path))
+    expansion = Expansion.model_validate_json(settings.default_expansion)
+    assert (expansion.method, expansion.n, expansion.keep_first, expansion.keep_within) == ("bank", 30, 1, within)
+    with TestClient(create_app(settings)) as c:
+        default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
+        explicit = c.post("/v1/search", json={"query": "a kitchen with a stove",
+                                              "expansion": expansion.model_dump()}).json()
+        plain = c.post("/v1/search", json={"query": "a kitchen with a stove", "expansion": {"method": "none"}}).json()
+    assert default["results"] == explicit["results"]
+    first = plain["results"][0]["id"]
+    assert default["results"][0]["id"] == first or within  # kept always unless keep_within decides
