@@ -14,6 +14,7 @@ from paraseek.core.cli_support import console, err, user_errors
 from paraseek.core.errors import UserError
 from paraseek.loadtests import (  # bench_encoder imports torch only when run
     bench_encoder,
+    bench_expansion,
     bench_index,
     bench_large,
     bench_service,
@@ -51,6 +52,12 @@ def large_cmd(ctx: typer.Context):
     """10M vectors built with the defaults and served memory-mapped: build time, disk, peak memory; the server's
     private and file-backed memory, cold first query, recall, p50/p99 at concurrency 1 and 32 (--count, --work)."""
     sys.exit(bench_large.main(ctx.args))
+
+
+@app.command("expansion", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def expansion_cmd(ctx: typer.Context):
+    """What bank expansion and keep_first cost per request on the embedded default (--seconds, --rounds)."""
+    sys.exit(bench_expansion.main(ctx.args))
 
 
 @app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

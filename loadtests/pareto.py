@@ -33,6 +33,11 @@ class Point:
     sts: float | None
     source: str
 
+    @property
+    def expanded(self) -> bool:
+        """A row of a tower with query-time expansion (``eval compare`` names them ``model + expansion``)."""
+        return " + " in self.label and not self.label.startswith("+")
+
     def dominated_by(self, other: Point) -> bool:
         mine = [self.ao, self.r1] + ([self.sts] if self.sts is not None and other.sts is not None else [])
         theirs = [other.ao, other.r1] + ([other.sts] if self.sts is not None and other.sts is not None else [])
@@ -104,9 +109,13 @@ def plot(points: list[Point], front: list[Point], out: Path, targets: dict[str, 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
     for ax, y, name in ((left, "r1", "T2I R@1 (%)"), (right, "sts", "STS-B dev Spearman")):
         shown = [p for p in points if getattr(p, y) is not None]
-        ax.scatter([p.ao for p in shown], [getattr(p, y) for p in shown], s=14, color="0.6", label="configuration")
+        for expanded, marker, kind in ((False, "o", "tower alone"), (True, "^", "with query-time expansion")):
+            part = [p for p in shown if p.expanded == expanded]
+            ax.scatter([p.ao for p in part], [getattr(p, y) for p in part], s=14, color="0.6", marker=marker, label=kind)
+            on = [p for p in part if p in front]
+            ax.scatter([p.ao for p in on], [getattr(p, y) for p in on], s=30, color="C3", marker=marker,
+                       label=f"on the Pareto front (AO, R@1, STS), {kind}")
         on = sorted((p for p in shown if p in front), key=lambda p: p.ao)
-        ax.scatter([p.ao for p in on], [getattr(p, y) for p in on], s=28, color="C3", label="Pareto front (AO, R@1, STS)")
         for p in on:
             ax.annotate(p.label[:38], (p.ao, getattr(p, y)), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.axvline(targets["ao"], color="C0", linestyle="--", linewidth=0.8)

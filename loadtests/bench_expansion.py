@@ -1,0 +1,75 @@
+"""What query expansion costs per request: the embedded default server (robust starter, demo gallery)
+answering the same distinct captions without expansion, with bank expansion (30 neighbours), and with
+bank expansion below the query's own first answer (``keep_first``, ``keep_within``). Rounds alternate
+the configurations so a drift of the machine hits all of them alike; medians over the rounds.
+
+    python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+from pathlib import Path
+
+from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, start_paraseek
+from paraseek.loadtests.machine import cpu_description
+from paraseek.loadtests.queries import caption_groups
+from paraseek.loadtests.server import stop_server
+
+BANK = {"method": "bank", "n": 30}
+CONFIGS = {
+    "none": {"method": "none"},
+    "bank30": BANK,
+    "bank30 keep_first 1": {**BANK, "keep_first": 1},
+    "bank30 keep 1 within 5": {**BANK, "keep_first": 1, "keep_within": 5},
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--home", type=Path, default=None, help="PARASEEK_HOME (default: a new temporary one)")
+    p.add_argument("--seconds", type=float, default=5.0, help="per configuration, round and concurrency")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    args = p.parse_args(argv)
+    texts = [c for g in caption_groups(args.data / "coco-captions/train_captions.tsv") for c in g]
+    home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-expansion-"))
+    proc, url = start_paraseek(home)
+    results: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for round_ in range(args.rounds):
+            for conc in args.concurrency:
+                for index, (name, expansion) in enumerate(CONFIGS.items()):
+                    # distinct texts per row: no request is a cache hit
+                    offset = ((round_ * len(args.concurrency) + conc) * len(CONFIGS) + index) * 1_000_000
+
+                    def body(i: int, offset=offset, expansion=expansion) -> dict:
+                        return {"query": f"{texts[i % len(texts)]} ({offset + i})", "k": 10, "expansion": expansion}
+
+                    results.setdefault((name, conc), []).append(asyncio.run(drive(url, body, conc, args.seconds)))
+    finally:
+        stop_server(proc, 10)
+
+    print(f"\nexpansion cost: the embedded default over the demo gallery, {args.rounds} rounds x {args.seconds:.0f} s, "
+          f"loopback; {cpu_description()}")
+    print(f"{'expansion':24} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / bank30':>13} {'fail':>5}")
+    failures = 0
+    for conc in args.concurrency:
+        base = statistics.median(r["p50"] for r in results[("bank30", conc)])
+        for name in CONFIGS:
+            rows = results[(name, conc)]
+            p50 = statistics.median(r["p50"] for r in rows)
+            p99 = statistics.median(r["p99"] for r in rows)
+            qps = statistics.median(r["qps"] for r in rows)
+            fail = sum(r["failures"] for r in rows)
+            failures += fail
+            print(f"{name:24} {conc:>4} {p50:8.2f} {p99:8.2f} {qps:8.1f} {p50 / base:13.2f} {fail:>5}")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
