@@ -1,0 +1,25 @@
+"""loadtests/bench_expansion.py against a real server on the embedded default (plain starter, a small
+bank put where the embedded default looks for it)."""
+
+import shutil
+
+from paraseek.core.bundle import read_manifest
+from paraseek.loadtests import bench_expansion
+from paraseek.paraphrase.caption_bank import bank_dir
+
+
+def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starter_bundle, starter_bank, shared_data,
+                                                                         tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("PARASEEK_STARTER", "plain")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    shutil.copytree(starter_bundle, home / "bundles" / "starter")
+    shutil.copytree(starter_bank.path, bank_dir(home, read_manifest(starter_bundle, verify=False)))
+    code = bench_expansion.main(["--data", str(shared_data), "--home", str(home), "--seconds", "0.5", "--rounds", "1",
+                                 "--concurrency", "1", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out  # no request failed
+    rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30"))]
+    assert len(rows) == 8  # four configurations at two concurrencies
+    bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
+    assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row
