@@ -101,7 +101,7 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         method.check(params)
     except ValueError as exc:
         raise UserError(f"--expansion {spec!r}: {exc}") from None
-    label = method.spec_label(params) + (f"-keep{keep.n}" + (f"in{keep.within}" if keep.within else "") if keep else "")
+    label = method.spec_label(params) + (f"-{keep.label}" if keep else "")
     if isinstance(method, RewriteExpansion):
         if params.fusion != "mean":
             raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")

@@ -34,8 +34,6 @@ class ExpansionParams:
     m: int = 5  # prf: top images fed back
     alpha: float = 1.0  # prf: weight of the query
     beta: float = 1.0  # prf: weight of the feedback
-    keep_first: int = 0  # the query's own first results stay first; the expansion orders the rest
-    keep_within: int = 0  # ... only those the expanded list ranks within its first keep_within (0: always)
 
 
 @dataclass(frozen=True)
@@ -52,6 +50,11 @@ class KeepFirst:
 
     def __bool__(self) -> bool:
         return self.n > 0
+
+    @property
+    def label(self) -> str:
+        """``keepN`` or ``keepNinW``: the evaluation spec's suffix, and its report label's."""
+        return f"keep{self.n}" + (f"in{self.within}" if self.within else "")
 
     @property
     def depth(self) -> int:
@@ -96,7 +99,7 @@ class Lookups(Protocol):
 class ExpansionMethod(ABC):
     name: str
     label: str  # what the search page shows
-    spec_help: str  # the evaluation harness's --expansion syntax (any spec may end with :keepK, ``keep_first``)
+    spec_help: str  # the evaluation harness's --expansion syntax (any spec may end with :keepK[inW], ``KeepFirst``)
     kind: ClassVar[Literal["rewrites", "vectors"]]
     fusions: ClassVar[tuple[str, ...]] = ("mean",)
     max_n: ClassVar[int] = 64

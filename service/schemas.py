@@ -106,8 +106,7 @@ class Expansion(StrictModel):
         return self
 
     def params(self) -> ExpansionParams:
-        return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta,
-                               keep_first=self.keep_first, keep_within=self.keep_within)
+        return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta)
 
 
 class Consistency(StrictModel):
