@@ -25,7 +25,7 @@ import faiss
 import numpy as np
 from pydantic import ValidationError
 
-from paraseek.core.integrity import checksums, verify_checksums
+from paraseek.core.integrity import checksums, record_verified, verify_checksums
 from paraseek.index.faiss_index import (
     BLAS_MIN_QUERIES,
     IVF_TYPES,
@@ -159,6 +159,7 @@ def publish(root: Path, stage: Path, manifest: SnapshotManifest, activate: bool 
     """Checksum, fsync and rename the staged version into place, then (``activate``) point
     ``current`` at it."""
     files = checksums(stage, FILES)
+    record_verified(stage, files)  # the first load hashes only what changed since (core.integrity)
     manifest = manifest.model_copy(update={"files": files})
     (stage / MANIFEST).write_text(manifest.model_dump_json(indent=2))
     for name in (*FILES, MANIFEST):
@@ -288,15 +289,18 @@ class Snapshot(SearchableSnapshot):
         threads: int | None = None,
         use_gpu: bool | None = None,
         memory_map: bool = True,
+        rehash: bool = False,
     ) -> Snapshot:
-        """``memory_map``: read an IVF index's lists from the mapped file (read-only) instead of copying
+        """``verify``: the files' sha256s are checked, those verified before and unchanged since (size,
+        inode, times: ``core.integrity``) taken as they are unless ``rehash``.
+        ``memory_map``: read an IVF index's lists from the mapped file (read-only) instead of copying
         them into this process: they cost page cache, which the kernel shares between the replicas on a
         host and can drop, rather than private memory (a 10M x 384 ivf_pq snapshot: ~1 GB of codes)."""
         version_dir = resolve(path)
         manifest = read_snapshot_manifest(version_dir)
         check_image_space(manifest, image_space)
         if verify:
-            verify_checksums(version_dir, manifest.files, "snapshot", SnapshotError)
+            verify_checksums(version_dir, manifest.files, "snapshot", SnapshotError, trust_unchanged=not rehash)
         set_threads(threads)
         mapped = memory_map and manifest.index.type in IVF_TYPES
         index = faiss.read_index(str(version_dir / "index.faiss"),
@@ -426,9 +430,9 @@ class FaissStore(SnapshotStore):
         return read_snapshot_manifest(resolve(self.root if version is None else self.root / VERSIONS / version))
 
     def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
-             verify: bool = True) -> Snapshot:
+             verify: bool = True, rehash: bool = False) -> Snapshot:
         return Snapshot.load(self.root if version is None else self.root / VERSIONS / version, image_space=image_space,
-                             threads=threads, verify=verify, memory_map=self.memory_map)
+                             threads=threads, verify=verify, memory_map=self.memory_map, rehash=rehash)
 
     def activate(self, version: str) -> None:
         activate_version(self.root, version)

@@ -191,8 +191,10 @@ class SnapshotStore(ABC):
 
     @abstractmethod
     def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
-             verify: bool = True) -> SearchableSnapshot:
-        """A published version (default: the current one), refused when built in another image space."""
+             verify: bool = True, rehash: bool = False) -> SearchableSnapshot:
+        """A published version (default: the current one), refused when built in another image space;
+        ``verify``: checked against its checksums (``rehash``: every file hashed again, not only those
+        changed since they were last verified)."""
 
     @abstractmethod
     def activate(self, version: str) -> None:

@@ -53,7 +53,8 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
 
 def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
     """A version of the configured index backend (default: the current one), checked against the encoder."""
-    return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads)
+    return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads,
+                      rehash=settings.snapshot_verify == "always")
 
 
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:

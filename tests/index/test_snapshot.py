@@ -9,10 +9,11 @@ import pytest
 from paraseek.index.builder import build_snapshot, update_snapshot
 from paraseek.index.versions import BuildError
 from paraseek.index.faiss_index import IndexSpec
-from paraseek.index.snapshot import Snapshot, current_version
+from paraseek.index.snapshot import FILES, Snapshot, current_version, read_snapshot_manifest
 from paraseek.index.versions import SnapshotError
 from paraseek.index.image_sources import ImageSourceError, open_source
 from paraseek.core.encoder import Encoder
+from paraseek.core.integrity import VERIFIED
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,43 @@ def test_corrupt_snapshot_detected(val_snapshot, tmp_path):
     (version / "metadata.jsonl").unlink()
     with pytest.raises(SnapshotError, match="'metadata.jsonl' is missing"):
         Snapshot.load(root)
+
+
+def test_a_load_hashes_only_what_changed_and_index_verify_hashes_everything(val_snapshot, tmp_path, monkeypatch):
+    """Copied files are hashed once at their first load (new inodes), then taken as verified while
+    unchanged; a change that keeps every stat field (bit rot) passes a load but not ``index verify``."""
+    from typer.testing import CliRunner
+
+    from paraseek.cli import app
+    from paraseek.core import integrity
+
+    root = tmp_path / "copy"
+    shutil.copytree(val_snapshot[0], root)
+    version = root / "versions" / current_version(root)
+    hashed = []
+    real = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda path: hashed.append(path.name) or real(path))
+    monkeypatch.setattr(integrity, "RACY_NS", 0)  # the copy's files are seconds old
+    Snapshot.load(root)
+    assert sorted(hashed) == sorted(FILES)
+    hashed.clear()
+    Snapshot.load(root)
+    assert hashed == []
+    Snapshot.load(root, rehash=True)
+    assert sorted(hashed) == sorted(FILES)
+    # one flipped byte, the record then forged to match the file's stat: as if the disk had rotted it
+    with open(version / "vectors.npy", "r+b") as f:  # the last vector's last byte: nothing else reads it at load
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    integrity.record_verified(version, read_snapshot_manifest(version).files)
+    Snapshot.load(root)
+    r = CliRunner().invoke(app, ["index", "verify", str(root)])
+    assert r.exit_code != 0 and "'vectors.npy' does not match its sha256" in r.output
+    shutil.copy(val_snapshot[1].version_dir / "vectors.npy", version / "vectors.npy")
+    r = CliRunner().invoke(app, ["index", "verify", str(root)])
+    assert r.exit_code == 0 and f"version {version.name}: matches its manifest" in r.output, r.output
 
 
 def test_bad_files_are_skipped_and_reported(starter_encoder, shared_data, tmp_path):
@@ -148,7 +186,10 @@ def test_incremental_add_and_remove(kind, starter_encoder, shared_data, tmp_path
     first = build_snapshot(shared_data / "coco-mini/captions_val2017.json", starter_encoder, root,
                            spec=IndexSpec(type=kind), progress=False)
     v1 = first.manifest.version
-    files_v1 = {p.name: p.read_bytes() for p in first.version_dir.iterdir()}
+    def version_files(folder):  # the verified-files record is bookkeeping a load may refresh, not the version
+        return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != VERIFIED}
+
+    files_v1 = version_files(first.version_dir)
     added = update_snapshot(root, starter_encoder, add=shared_data / "coco-mini/captions_train2017.json", progress=False)
     assert added.manifest.count == 159 + 80 and added.manifest.parent == v1
     snap = Snapshot.load(root)
@@ -168,7 +209,7 @@ def test_incremental_add_and_remove(kind, starter_encoder, shared_data, tmp_path
     _, ids = snap.search_ids(np.asarray(old.vectors())[:5], 237)
     assert 397133 not in ids and new_id not in ids
     # the old version is untouched
-    assert {p.name: p.read_bytes() for p in first.version_dir.iterdir()} == files_v1
+    assert version_files(first.version_dir) == files_v1
     with pytest.raises(SnapshotError, match="not in snapshot"):
         update_snapshot(root, starter_encoder, remove=[123])
 
