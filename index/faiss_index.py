@@ -363,6 +363,19 @@ def use_blas_for(n_queries: int) -> None:
     faiss.cvar.distance_compute_blas_database_bs = collection_rows
 
 
+def id_selector(ids: np.ndarray) -> faiss.IDSelector:
+    """A selector accepting exactly ``ids`` (int64, not empty). A bitmap of one bit per possible id where
+    the ids are non-negative and their largest is below 64x their count (at most 8 bytes an accepted
+    id; at 10M x 384, half the collection: 1.25 MB built in milliseconds), else faiss' hash set with
+    its Bloom filter (~40 bytes an id: ~200 MB and seconds for 5M)."""
+    ids = np.asarray(ids, np.int64)
+    if len(ids) and int(ids.min()) >= 0 and int(ids.max()) < 64 * len(ids):
+        bits = np.zeros(int(ids.max()) + 1, bool)
+        bits[ids] = True
+        return faiss.IDSelectorBitmap(np.packbits(bits, bitorder="little"))  # the selector keeps the array
+    return faiss.IDSelectorBatch(ids)
+
+
 def search_parameters(spec: IndexSpec, selector) -> faiss.SearchParameters:
     """Per-call search parameters restricting a search to the ids ``selector`` accepts (IndexIDMap
     translates it to its rows), with the spec's nprobe / efSearch."""

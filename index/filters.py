@@ -141,17 +141,25 @@ class RowSource(Protocol):
 
 class FilterColumns:
     """The columns a filter reads, one entry per indexed row (in the snapshot's id order). Kept in
-    memory: ids and licences (16 bytes a row), and captions once a caption filter asks; user fields are
-    read from the rows still in play, through ``rows`` (a memory-mapped file: rows are not held)."""
+    memory: ids, licences once a licence filter asks (8 bytes a row) and captions once a caption
+    filter asks; user fields are read from the rows still in play, through ``rows`` (a memory-mapped
+    file: rows are not held). A column is built by the first filter that needs it (every row parsed: at
+    10M, ~6 s), so an id-range filter parses none. The caller serialises ``mask`` calls."""
 
     CHUNK = 65_536  # rows parsed at a time by a field filter
 
     def __init__(self, ids: np.ndarray, rows: RowSource, user_fields: Iterable[str]):
         self.ids = np.asarray(ids, np.int64)
         self._rows = rows
-        self.licence = np.fromiter((licence_id(r) for r in rows.rows()), np.int64, count=len(rows))
+        self._licence: np.ndarray | None = None
         self._captions: list[str] | None = None
         self.user_fields = set(user_fields)
+
+    @property
+    def licence(self) -> np.ndarray:
+        if self._licence is None:
+            self._licence = np.fromiter((licence_id(r) for r in self._rows.rows()), np.int64, count=len(self._rows))
+        return self._licence
 
     @property
     def captions(self) -> list[str]:

@@ -33,6 +33,7 @@ from paraseek.index.faiss_index import (
     ExactVectors,
     apply_search_params,
     flat_rows,
+    id_selector,
     masked_exact_search,
     search,
     search_parameters,
@@ -232,7 +233,7 @@ class FilteredSnapshot:
     def __init__(self, snapshot: Snapshot, rows: np.ndarray):
         self.snapshot = snapshot
         self.rows = rows  # sorted row numbers of the matching images
-        self._selector: faiss.IDSelectorBatch | None = None
+        self._selector: faiss.IDSelector | None = None
         self._selector_lock = threading.Lock()  # searches run in parallel when batching is off
 
     def __len__(self) -> int:
@@ -253,7 +254,7 @@ class FilteredSnapshot:
         duration of a search, so two threads searching with one object crash the process."""
         with self._selector_lock:
             if self._selector is None:
-                self._selector = faiss.IDSelectorBatch(self.snapshot.ids[self.rows])  # read-only: shared
+                self._selector = id_selector(self.snapshot.ids[self.rows])  # read-only: shared
         return search_parameters(self.snapshot.manifest.index, self._selector)
 
 

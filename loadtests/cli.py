@@ -15,6 +15,7 @@ from paraseek.core.errors import UserError
 from paraseek.loadtests import (  # bench_encoder imports torch only when run
     bench_encoder,
     bench_expansion,
+    bench_filters,
     bench_index,
     bench_large,
     bench_service,
@@ -58,6 +59,12 @@ def large_cmd(ctx: typer.Context):
 def expansion_cmd(ctx: typer.Context):
     """What bank expansion and keep_first cost per request on the embedded default (--seconds, --rounds)."""
     sys.exit(bench_expansion.main(ctx.args))
+
+
+@app.command("filters", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def filters_cmd(ctx: typer.Context):
+    """Filtered ANN search: first-search cost of a new filter, then p50 with a bitmap vs a hash-set id selector (--size, --snapshot)."""
+    sys.exit(bench_filters.main(ctx.args))
 
 
 @app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -9,7 +9,7 @@ import pytest
 from paraseek.core.rank_metrics import overlap_recall
 from paraseek.index.builder import build_snapshot_from_vectors
 from paraseek.index.faiss_index import ExactVectors, IndexSpec, apply_search_params, create_index, exact_search, search, train_and_add
-from paraseek.index.faiss_index import search_threads, set_threads, split_scan, tune_for_recall
+from paraseek.index.faiss_index import id_selector, search_parameters, search_threads, set_threads, split_scan, tune_for_recall
 from paraseek.index.snapshot import Snapshot
 from paraseek.index.recall import split_recall_queries
 
@@ -255,3 +255,26 @@ def test_auto_past_the_exact_limit_is_tuned_to_the_default_recall_without_flags(
     m = build_snapshot_from_vectors(src, tmp_path / "snap2", image_space="test/space", progress=False, queries=queries,
                                     spec=IndexSpec(type="ivf_flat")).manifest
     assert m.tuning is None
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf_flat"])
+@pytest.mark.parametrize("ids_of", ["rows", "offset", "sparse", "negative"])
+def test_id_selector_accepts_exactly_its_ids_as_a_bitmap_or_a_hash_set(kind, ids_of):
+    """Small non-negative ids get a bitmap, far-apart or negative ones faiss' hash set; a filtered
+    search returns the same ids either way, all of them selected."""
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((2000, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = {"rows": np.arange(2000), "offset": np.arange(2000) + 5000, "sparse": np.arange(2000) * 10**12,
+           "negative": np.arange(2000) - 1000}[ids_of].astype(np.int64)
+    spec = IndexSpec(type=kind, nlist=16, nprobe=16) if kind != "flat" else IndexSpec(type="flat")
+    index = train_and_add(create_index(spec, 16), vectors, ids)
+    chosen = np.sort(rng.choice(ids, 700, replace=False))
+    selector = id_selector(chosen)
+    expected = faiss.IDSelectorBitmap if ids_of in ("rows", "offset") else faiss.IDSelectorBatch
+    assert isinstance(selector, expected)
+    _, got = search(index, spec, vectors[:20], 10, params=search_parameters(spec, selector))
+    _, reference = search(index, spec, vectors[:20], 10, params=search_parameters(spec, faiss.IDSelectorBatch(chosen)))
+    assert np.isin(got, chosen).all() and np.array_equal(got, reference)
+    truth = chosen[np.argsort(-(vectors[:20] @ vectors[np.searchsorted(ids, chosen)].T), axis=1)[:, :10]]
+    assert np.array_equal(got, truth)  # every list probed / exact: the filtered top 10 itself
