@@ -22,7 +22,8 @@ measured on texts like the requests' (a caption and a number). A second ceiling 
 service's own encoder layout (its workers side by side, single-threaded, in batches of 8), which
 encodes more than one call on all cores: the ratio against it is printed too.
 
-The concurrency-1 target (p50 <= encoder batch-1 + index batch-1 + 3 ms, at 100K) is checked by
+The targets at 100K (issue 37): throughput >= 0.85 of the ceiling at concurrency 32, and p50 at
+concurrency 1 <= encoder batch-1 + index batch-1 + 2 ms. The latter is checked by
 alternating rounds of the two batch-1 timings (in this process, the server idle) and of a
 concurrency-1 run, medians of ``--latency-rounds`` (5): on a shared machine whose speed drifts within
 minutes, a budget measured at the start of a section does not compare with a row run minutes later.
@@ -61,6 +62,8 @@ from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
 from paraseek.training.embedded import ensure_embedded_default
 
+# the targets at 100K: throughput over the ceiling at concurrency 32; p50 at concurrency 1 over the two batch-1 times
+CEILING_SHARE, LATENCY_SLACK_MS = 0.85, 2.0
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -403,18 +406,18 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     for row in results:
         if "latency_check" in row:
             check = row["latency_check"]
-            budget = check["enc_b1_ms"] + check["index_b1_ms"] + 3
+            budget = check["enc_b1_ms"] + check["index_b1_ms"] + LATENCY_SLACK_MS
             met = check["p50"] <= budget
             ok &= met
             print(f"{row['bundle']} {row['precision']} 100K, concurrency 1 ({row['rounds']} alternating rounds, medians): p50 "
                   f"{check['p50']:.2f} ms vs encoder b1 {check['enc_b1_ms']:.2f} + index b1 {check['index_b1_ms']:.2f} "
-                  f"+ 3 ms = {budget:.2f} ms -> {'met' if met else 'NOT met'}; the server's encoder and search back to back "
+                  f"+ {LATENCY_SLACK_MS:g} ms = {budget:.2f} ms -> {'met' if met else 'NOT met'}; the server's encoder and search back to back "
                   f"in this process {check['floor_ms']:.2f} ms, so the service adds {check['p50'] - check['floor_ms']:.2f} ms")
         elif row["size"] == 100_000 and row["batching"] and row["conc"] == 32:
-            met = row["ratio"] >= 0.8
+            met = row["ratio"] >= CEILING_SHARE
             ok &= met
             print(f"{row['bundle']} {row['precision']} 100K, concurrency 32: throughput / ceiling {row['ratio']:.2f} "
-                  f"(target >= 0.80) -> {'met' if met else 'NOT met'}; against the service-layout ceiling "
+                  f"(target >= {CEILING_SHARE:.2f}) -> {'met' if met else 'NOT met'}; against the service-layout ceiling "
                   f"{row['ratio_layout']:.2f}")
     return ok and all(row.get("failures", 0) == 0 for row in results)
 
