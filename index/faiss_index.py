@@ -372,7 +372,8 @@ def id_selector(ids: np.ndarray) -> faiss.IDSelector:
     if len(ids) and int(ids.min()) >= 0 and int(ids.max()) < 64 * len(ids):
         bits = np.zeros(int(ids.max()) + 1, bool)
         bits[ids] = True
-        return faiss.IDSelectorBitmap(np.packbits(bits, bitorder="little"))  # the selector keeps the array
+        # faiss' Python wrapper takes the array and keeps it alive; its stubs show the C++ (n, pointer) form
+        return faiss.IDSelectorBitmap(np.packbits(bits, bitorder="little"))  # type: ignore[call-arg, arg-type]
     return faiss.IDSelectorBatch(ids)
 
 
