@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +53,7 @@ from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, Snapshot
 CURRENT = "current"
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
 WRITER_LOCK = ".lock"  # see writer_lock
 FILES = ("index.faiss", "ids.npy", "vectors.npy", "metadata.jsonl", "report.json")
 def new_version_name(root: Path) -> str:
@@ -301,7 +304,11 @@ class Snapshot(SearchableSnapshot):
         manifest = read_snapshot_manifest(version_dir)
         check_image_space(manifest, image_space)
         if verify:
-            verify_checksums(version_dir, manifest.files, "snapshot", SnapshotError, trust_unchanged=not rehash)
+            started = time.perf_counter()
+            hashed = verify_checksums(version_dir, manifest.files, "snapshot", SnapshotError, trust_unchanged=not rehash)
+            log.info("snapshot %s: sha256 checked for %s in %.1f s; %d other files unchanged since their last check",
+                     version_dir.name, ", ".join(hashed) or "no file", time.perf_counter() - started,
+                     len(manifest.files) - len(hashed))
         set_threads(threads)
         mapped = memory_map and manifest.index.type in IVF_TYPES
         index = faiss.read_index(str(version_dir / "index.faiss"),

@@ -28,6 +28,8 @@ def test_bench_large_builds_serves_and_measures(tmp_path, shared_data, starter_b
         assert 0 < m["private_mb"] < m["rss_mb"] and m["file_mb"] > 0
     printed = capsys.readouterr().out
     assert "cold first query" in printed and "private memory under 2.0 GB" in printed
+    # started twice: hashing every file, then trusting the files verified by that start
+    assert served["start_rehash_s"] > 0 and served["start_s"] > 0 and "PARASEEK_SNAPSHOT_VERIFY=always" in printed
     # a later run reuses the build instead of building again
     record = tmp_path / "work" / "build.json"
     stamp = record.stat().st_mtime_ns
