@@ -91,8 +91,8 @@ def build(args, work: Path, image_space: str) -> dict:
            "--query-vectors", str(work / "queries.npy"), "--out", str(snapshot)]
     if args.params:
         cmd += ["--params", args.params]
-    if args.type:
-        cmd += ["--type", args.type]
+    if args.type:  # a type named is not tuned unless asked (``auto`` is): ask for the recall checked below
+        cmd += ["--type", args.type, "--target-recall", str(args.target_recall)]
     print("$ paraseek " + " ".join(cmd[3:]), flush=True)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, "PARASEEK_LOG_JSON": "false"})
