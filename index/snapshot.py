@@ -233,10 +233,11 @@ class FilteredSnapshot:
     index is flat or the matches are few (a scan of just those rows); otherwise the ANN index searched
     with an id selector, so the approximate top k is still taken among matching images only."""
 
-    def __init__(self, snapshot: Snapshot, rows: np.ndarray):
+    def __init__(self, snapshot: Snapshot, rows: np.ndarray, selector: faiss.IDSelector | None = None):
+        """``selector``: of the rows' ids (default: ``id_selector``'s, built on the first ANN search)."""
         self.snapshot = snapshot
         self.rows = rows  # sorted row numbers of the matching images
-        self._selector: faiss.IDSelector | None = None
+        self._selector = selector
         self._selector_lock = threading.Lock()  # searches run in parallel when batching is off
 
     def __len__(self) -> int:

@@ -21,29 +21,19 @@ import faiss
 import numpy as np
 
 from paraseek.core.memory import process_memory
-from paraseek.index.faiss_index import IndexSpec, id_selector, masked_exact_search
+from paraseek.index.faiss_index import id_selector, masked_exact_search
 from paraseek.index.filters import SearchFilter
 from paraseek.index.snapshot import FilteredSnapshot, Snapshot
-from paraseek.loadtests.bench_service import DEFAULT_DATA, synthetic_space
+from paraseek.loadtests.bench_service import DEFAULT_DATA, build_synthetic_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 
 SHARES = (0.5, 0.1, 0.01)  # of the collection a filter keeps
 
 
 def synthetic_snapshot(size: int, work: Path, data: Path) -> Path:
-    from paraseek.index.builder import build_snapshot_from_vectors
-    from paraseek.loadtests.bench_index import synthetic_collection
-
     root = work / f"synthetic-384-{size}"
-    if (root / "current").is_file():
-        return root
-    centres, queries = synthetic_space(384, data)
-    shard = work / f"vectors-384-{size}.npy"
-    np.save(shard, synthetic_collection(centres, size, np.random.default_rng(size)))
-    spec = IndexSpec(type="flat") if size <= 200_000 else IndexSpec(type="ivf_pq", nlist=int(4 * np.sqrt(size)))
-    build_snapshot_from_vectors(shard, root, image_space="bench/synthetic-384", bundle_name="synthetic", spec=spec,
-                                target_recall=None if spec.exact else 0.95, queries=queries, progress=False)
-    shard.unlink()
+    if not (root / "current").is_file():
+        build_synthetic_snapshot(root, size, 384, work, data, image_space="bench/synthetic-384", bundle_name="synthetic")
     return root
 
 
@@ -51,13 +41,6 @@ def search_ms(view: FilteredSnapshot, queries: np.ndarray) -> float:
     start = time.perf_counter()
     view.search_ids(queries, 10)
     return (time.perf_counter() - start) * 1000
-
-
-def with_selector(view: FilteredSnapshot, selector: faiss.IDSelector) -> FilteredSnapshot:
-    """A copy of ``view`` searching through ``selector`` instead of its own."""
-    other = FilteredSnapshot(view.snapshot, view.rows)
-    other._selector = selector
-    return other
 
 
 def main(argv=None) -> int:
@@ -93,7 +76,7 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             selector = make(matching)
             build_ms = (time.perf_counter() - start) * 1000
-            measured[name] = (with_selector(view, selector), build_ms, process_memory().private_mb - before)
+            measured[name] = (FilteredSnapshot(snap, view.rows, selector), build_ms, process_memory().private_mb - before)
         timings: dict[str, dict[int, list[float]]] = {name: {1: [], 32: []} for name in measured}
         for _ in range(args.rounds):  # alternate, so a drift of the machine hits both alike
             for name, (other, _, _) in measured.items():

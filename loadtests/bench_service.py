@@ -202,10 +202,8 @@ def synthetic_space(dim: int, data: Path, seed: int = 0) -> tuple[np.ndarray, np
 def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
     """A snapshot root for this bundle and size, built once and reused by later runs."""
     from paraseek.core.bundle import read_manifest
-    from paraseek.index.builder import build_snapshot, build_snapshot_from_vectors
+    from paraseek.index.builder import build_snapshot
     from paraseek.index.demo import build_demo_snapshot
-    from paraseek.index.faiss_index import IndexSpec
-    from paraseek.loadtests.bench_index import synthetic_collection
 
     manifest = read_manifest(bundle, verify=False)
     root = work / "snapshots" / f"{manifest.name}-{size}"
@@ -218,18 +216,26 @@ def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
         else:
             build_snapshot(data / "coco-mini" / "captions_val2017.json", encoder, root, progress=False)
         return root
-    centres, queries = synthetic_space(manifest.embedding_dim, data)
-    vectors = synthetic_collection(centres, size, np.random.default_rng(size))
-    shard = work / f"vectors-{manifest.embedding_dim}-{size}.npy"
-    np.save(shard, vectors)
-    del vectors
-    # exact up to 200K (bench_index: flat is fine there); IVF-PQ with refine beyond, tuned for recall 0.95
-    spec = IndexSpec(type="flat") if size <= 200_000 else IndexSpec(type="ivf_pq", nlist=int(4 * np.sqrt(size)))
-    build_snapshot_from_vectors(shard, root, image_space=manifest.image_space, bundle_name=manifest.name,
-                                bundle_version=manifest.version, spec=spec, target_recall=None if spec.exact else 0.95,
-                                queries=queries, progress=False)
-    shard.unlink()
+    build_synthetic_snapshot(root, size, manifest.embedding_dim, work, data, image_space=manifest.image_space,
+                             bundle_name=manifest.name, bundle_version=manifest.version)
     return root
+
+
+def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: Path, **manifest) -> None:
+    """``size`` vectors of bench_index's caption-like mix in ``dim`` dimensions, built into ``root``:
+    exact up to 200K (bench_index: flat is fine there), IVF-PQ with refine beyond, tuned for recall 0.95.
+    ``manifest``: ``build_snapshot_from_vectors``' image space and bundle fields."""
+    from paraseek.index.builder import build_snapshot_from_vectors
+    from paraseek.index.faiss_index import IndexSpec
+    from paraseek.loadtests.bench_index import synthetic_collection
+
+    centres, queries = synthetic_space(dim, data)
+    shard = work / f"vectors-{dim}-{size}.npy"
+    np.save(shard, synthetic_collection(centres, size, np.random.default_rng(size)))
+    spec = IndexSpec(type="flat") if size <= 200_000 else IndexSpec(type="ivf_pq", nlist=int(4 * np.sqrt(size)))
+    build_snapshot_from_vectors(shard, root, spec=spec, target_recall=None if spec.exact else 0.95, queries=queries,
+                                progress=False, **manifest)
+    shard.unlink()
 
 
 def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:

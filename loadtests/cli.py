@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import httpx
 import typer
@@ -36,41 +36,28 @@ def encoder_cmd(
     sys.exit(bench_encoder.run(repeats=repeats, workdir=workdir, threads=threads or None))
 
 
-@app.command("index", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def index_cmd(ctx: typer.Context):
-    """Build throughput; flat/HNSW/IVF latency, QPS and recall at 10K-1M (options: --sizes, --kinds, --data)."""
-    sys.exit(bench_index.main(ctx.args))
+def _pass_through(name: str, main: Callable[[list[str]], int], help: str) -> None:
+    """``paraseek bench NAME ...``: the benchmark module's own argparse options, passed on as given."""
+    def command(ctx: typer.Context) -> None:
+        sys.exit(main(ctx.args))
+
+    app.command(name, help=help, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(command)
 
 
-@app.command("vectors", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def vectors_cmd(ctx: typer.Context):
-    """Snapshots from precomputed vectors in shards: vectors/s, peak RSS, x the time to read the shards (--count, --shards)."""
-    sys.exit(bench_vectors.main(ctx.args))
-
-
-@app.command("large", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def large_cmd(ctx: typer.Context):
-    """10M vectors built with the defaults and served memory-mapped: build time, disk, peak memory; the server's
-    private and file-backed memory, cold first query, recall, p50/p99 at concurrency 1 and 32 (--count, --work)."""
-    sys.exit(bench_large.main(ctx.args))
-
-
-@app.command("expansion", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def expansion_cmd(ctx: typer.Context):
-    """What bank expansion and keep_first cost per request on the embedded default (--seconds, --rounds)."""
-    sys.exit(bench_expansion.main(ctx.args))
-
-
-@app.command("filters", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def filters_cmd(ctx: typer.Context):
-    """Filtered ANN search: first-search cost of a new filter, then p50 with a bitmap vs a hash-set id selector (--size, --snapshot)."""
-    sys.exit(bench_filters.main(ctx.args))
-
-
-@app.command("service", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def service_cmd(ctx: typer.Context):
-    """End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off (options: --seconds)."""
-    sys.exit(bench_service.main(ctx.args))
+for _name, _main, _help in (
+    ("index", bench_index.main, "Build throughput; flat/HNSW/IVF latency, QPS and recall at 10K-1M (options: --sizes, --kinds, --data)."),
+    ("vectors", bench_vectors.main, "Snapshots from precomputed vectors in shards: vectors/s, peak RSS, x the time to read the "
+     "shards (--count, --shards)."),
+    ("large", bench_large.main, "10M vectors built with the defaults and served memory-mapped: build time, disk, peak memory; "
+     "the server's private and file-backed memory, cold first query, recall, p50/p99 at concurrency 1 and 32 (--count, --work)."),
+    ("expansion", bench_expansion.main, "What bank expansion and keep_first cost per request on the embedded default "
+     "(--seconds, --rounds)."),
+    ("filters", bench_filters.main, "Filtered ANN search: first-search cost of a new filter, then p50 with a bitmap vs a "
+     "hash-set id selector (--size, --snapshot)."),
+    ("service", bench_service.main, "End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off "
+     "(options: --seconds)."),
+):
+    _pass_through(_name, _main, _help)
 
 
 @app.command("load")
