@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import faiss
 import numpy as np
 
+from paraseek.core.cpu_threads import import_faiss
 from paraseek.core.memory import process_memory
 from paraseek.index.faiss_index import id_selector, masked_exact_search
 from paraseek.index.filters import SearchFilter
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         first_ms = (time.perf_counter() - start) * 1000
         matching = snap.ids[view.rows]
         measured = {}
-        for name, make in (("bitmap", id_selector), ("hash set", faiss.IDSelectorBatch)):
+        for name, make in (("bitmap", id_selector), ("hash set", import_faiss().IDSelectorBatch)):
             before = process_memory().private_mb
             start = time.perf_counter()
             selector = make(matching)

@@ -7,25 +7,21 @@ from __future__ import annotations
 import os
 import platform
 
+from paraseek.core.cpu_threads import blas_kernels, cpu_info, import_faiss
+
 # the instruction sets that change what onnxruntime's int8 kernels and faiss' scans run on
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "amx_bf16", "sha_ni")
 
 
 def cpu_description(cpuinfo: str | None = None) -> str:
-    """'MODEL, N cores, SIMD: flags' from /proc/cpuinfo (or the text given); elsewhere the platform's name."""
+    """'MODEL, N cores, SIMD: flags' from /proc/cpuinfo (or the text given); elsewhere the platform's
+    name. For this machine (no text given) also the kernel faiss' OpenBLAS runs on."""
+    info = cpu_info(cpuinfo)
+    model = info.model or platform.processor() or platform.machine()
+    simd = [f for f in SIMD_FLAGS if f in info.flags]
+    line = f"{model}, {os.cpu_count()} cores, SIMD: {' '.join(simd) or 'none of ' + '/'.join(SIMD_FLAGS[:3])}"
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            cpuinfo = ""
-    model, flags = platform.processor() or platform.machine(), set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name":
-            model = value.strip()
-        elif key in ("flags", "Features"):
-            flags = set(value.split())
-    simd = [f for f in SIMD_FLAGS if f in flags]
-    return f"{model}, {os.cpu_count()} cores, SIMD: {' '.join(simd) or 'none of ' + '/'.join(SIMD_FLAGS[:3])}"
+        import_faiss()
+        kernels = [kernel for path, kernel in blas_kernels().items() if "faiss" in path]  # faiss_cpu.libs/
+        line += f", faiss BLAS kernel: {kernels[0] if kernels else 'unknown'}"
+    return line

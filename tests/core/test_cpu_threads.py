@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy  # noqa: F401  # loads numpy's OpenBLAS
 import faiss  # noqa: F401  # loads faiss' OpenMP OpenBLAS
 from threadpoolctl import threadpool_info
 
 import pytest
 
-from paraseek.core.cpu_threads import limit_pthread_blas, openmp_thread_share
+from paraseek.core.cpu_threads import cpu_info, faiss_openblas_kernel, limit_pthread_blas, openmp_thread_share
 
 
 def _blas_threads() -> dict[str, int]:
@@ -43,3 +48,52 @@ def test_encoders_default_to_the_openmp_share_and_explicit_threads_win(starter_b
     monkeypatch.delenv("OMP_NUM_THREADS")
     enc = Encoder(starter_bundle, load_image=False)
     assert enc.threads is None and enc._text_session.get_session_options().intra_op_num_threads == 0
+
+
+INTEL_AVX512 = "vendor_id : GenuineIntel\nmodel name : Xeon\nflags : fpu sse2 avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd\n"
+INTEL_AVX2 = "vendor_id : GenuineIntel\nmodel name : Core\nflags : fpu sse2 avx2 fma\n"
+AMD_AVX512 = "vendor_id : AuthenticAMD\nmodel name : EPYC\nflags : fpu sse2 avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd\n"
+
+
+@pytest.mark.parametrize(("cpuinfo", "kernel"), [
+    (INTEL_AVX512, "SkylakeX"), (INTEL_AVX2, "Haswell"), (INTEL_AVX512.replace(" avx512cd", ""), "Haswell"),
+    ("vendor_id : GenuineIntel\nflags : fpu sse2 sse3\n", None), (AMD_AVX512, None), ("", None),
+])
+def test_faiss_openblas_kernel_by_cpu(cpuinfo, kernel):
+    assert faiss_openblas_kernel(cpu_info(cpuinfo)) == kernel
+
+
+def test_cpu_info_reads_the_first_cpu():
+    info = cpu_info(INTEL_AVX2 + "\nvendor_id : Other\nflags : none\n")
+    assert (info.vendor, info.model) == ("GenuineIntel", "Core") and {"avx2", "fma"} <= info.flags
+
+
+def _kernels_in_fresh_process(env: dict[str, str]) -> dict:
+    code = ("import json, os; from paraseek.core.cpu_threads import blas_kernels, import_faiss; import_faiss(); "
+            "print(json.dumps({'kernels': blas_kernels(), 'env': os.environ.get('OPENBLAS_CORETYPE')}))")
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def _numpy_kernel_alone() -> str:
+    code = "import numpy, json; from threadpoolctl import threadpool_info; print(json.dumps([i.get('architecture') for i in threadpool_info()]))"
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    return json.loads(subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True).stdout)[0]
+
+
+def test_import_faiss_puts_faiss_openblas_on_the_chosen_kernel_and_leaves_numpy_and_the_environment():
+    got = _kernels_in_fresh_process({})
+    faiss_kernel = [k for path, k in got["kernels"].items() if "faiss" in path]
+    numpy_kernel = [k for path, k in got["kernels"].items() if "faiss" not in path]
+    assert len(faiss_kernel) == 1 and got["env"] is None  # the variable is gone again
+    chosen = faiss_openblas_kernel()
+    if chosen is not None:
+        assert faiss_kernel[0] == chosen
+    assert numpy_kernel == [_numpy_kernel_alone()]  # numpy's own detection, untouched
+
+
+def test_import_faiss_respects_a_kernel_the_user_set():
+    got = _kernels_in_fresh_process({"OPENBLAS_CORETYPE": "Prescott"})
+    assert [k for path, k in got["kernels"].items() if "faiss" in path] == ["Prescott"]
+    assert got["env"] == "Prescott"
