@@ -85,15 +85,15 @@ def faiss_openblas_kernel(info: CpuInfo | None = None) -> str | None:
 
 
 def import_faiss() -> ModuleType:
-    """faiss, its OpenBLAS loaded on ``faiss_openblas_kernel()`` unless ``OPENBLAS_CORETYPE`` is set.
-    OpenBLAS reads the variable once, when it loads: call this before anything imports faiss. numpy is
-    loaded first and the variable removed again, so numpy's newer OpenBLAS and child processes keep
-    their own detection."""
+    """faiss, its OpenBLAS loaded on ``faiss_openblas_kernel()`` unless ``OPENBLAS_CORETYPE`` is set
+    (a kernel's name; empty: OpenBLAS's own detection). OpenBLAS reads the variable once, when it
+    loads: call this before anything imports faiss. numpy is loaded first and the variable removed
+    again, so numpy's newer OpenBLAS and child processes keep their own detection."""
     if "faiss" in sys.modules:
         return sys.modules["faiss"]
     import numpy  # noqa: F401
 
-    kernel = None if os.environ.get("OPENBLAS_CORETYPE") else faiss_openblas_kernel()
+    kernel = None if "OPENBLAS_CORETYPE" in os.environ else faiss_openblas_kernel()
     if kernel is not None:
         os.environ["OPENBLAS_CORETYPE"] = kernel
     try:

@@ -13,6 +13,7 @@ import typer
 from paraseek.core.cli_support import console, err, user_errors
 from paraseek.core.errors import UserError
 from paraseek.loadtests import (  # bench_encoder imports torch only when run
+    bench_blas_kernel,
     bench_encoder,
     bench_expansion,
     bench_filters,
@@ -54,6 +55,8 @@ for _name, _main, _help in (
      "(--seconds, --rounds)."),
     ("filters", bench_filters.main, "Filtered ANN search: first-search cost of a new filter, then p50 with a bitmap vs a "
      "hash-set id selector (--size, --snapshot)."),
+    ("blas", bench_blas_kernel.main, "faiss' OpenBLAS kernel side by side (OpenBLAS's own choice vs paraseek's): merged "
+     "flat searches and the service at concurrency 32 (--kernels, --rounds)."),
     ("service", bench_service.main, "End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off "
      "(options: --seconds)."),
 ):

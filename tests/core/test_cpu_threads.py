@@ -68,32 +68,31 @@ def test_cpu_info_reads_the_first_cpu():
     assert (info.vendor, info.model) == ("GenuineIntel", "Core") and {"avx2", "fma"} <= info.flags
 
 
-def _kernels_in_fresh_process(env: dict[str, str]) -> dict:
-    code = ("import json, os; from paraseek.core.cpu_threads import blas_kernels, import_faiss; import_faiss(); "
-            "print(json.dumps({'kernels': blas_kernels(), 'env': os.environ.get('OPENBLAS_CORETYPE')}))")
+def _kernels_in_fresh_process(env: dict[str, str], load: str = "import_faiss()") -> dict:
+    """OpenBLAS kernels by library path and OPENBLAS_CORETYPE, in a fresh process that ran ``load``."""
+    code = ("import json, os; from paraseek.core.cpu_threads import blas_kernels, import_faiss; "
+            f"{load}; print(json.dumps({{'kernels': blas_kernels(), 'env': os.environ.get('OPENBLAS_CORETYPE')}}))")
     clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
-def _numpy_kernel_alone() -> str:
-    code = "import numpy, json; from threadpoolctl import threadpool_info; print(json.dumps([i.get('architecture') for i in threadpool_info()]))"
-    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    return json.loads(subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True).stdout)[0]
+def _faiss_kernel(got: dict) -> list[str]:
+    return [kernel for path, kernel in got["kernels"].items() if "faiss" in path]
 
 
 def test_import_faiss_puts_faiss_openblas_on_the_chosen_kernel_and_leaves_numpy_and_the_environment():
     got = _kernels_in_fresh_process({})
-    faiss_kernel = [k for path, k in got["kernels"].items() if "faiss" in path]
-    numpy_kernel = [k for path, k in got["kernels"].items() if "faiss" not in path]
-    assert len(faiss_kernel) == 1 and got["env"] is None  # the variable is gone again
+    assert len(_faiss_kernel(got)) == 1 and got["env"] is None  # the variable is gone again
     chosen = faiss_openblas_kernel()
     if chosen is not None:
-        assert faiss_kernel[0] == chosen
-    assert numpy_kernel == [_numpy_kernel_alone()]  # numpy's own detection, untouched
+        assert _faiss_kernel(got) == [chosen]
+    numpy_alone = _kernels_in_fresh_process({}, load="import numpy")["kernels"]
+    assert {p: k for p, k in got["kernels"].items() if "faiss" not in p} == numpy_alone  # numpy's own detection
 
 
-def test_import_faiss_respects_a_kernel_the_user_set():
+def test_import_faiss_respects_a_kernel_the_user_set_and_an_empty_value_is_openblas_own_choice():
     got = _kernels_in_fresh_process({"OPENBLAS_CORETYPE": "Prescott"})
-    assert [k for path, k in got["kernels"].items() if "faiss" in path] == ["Prescott"]
-    assert got["env"] == "Prescott"
+    assert _faiss_kernel(got) == ["Prescott"] and got["env"] == "Prescott"
+    own = _kernels_in_fresh_process({}, load="import faiss")
+    assert _faiss_kernel(_kernels_in_fresh_process({"OPENBLAS_CORETYPE": ""})) == _faiss_kernel(own)
