@@ -65,9 +65,10 @@ def cpu_info(cpuinfo: str | None = None) -> CpuInfo:
 # faiss' wheels bundle OpenBLAS 0.3.15 (2021), which picks its kernel from a table of CPU models: on
 # Intel models newer than it (Sapphire and Emerald Rapids, Granite Rapids) it falls back to its generic
 # SSE3 kernel ("Prescott"). Every merged flat search multiplies with it: on an Emerald Rapids, 2 cores,
-# 100K x 384, 64 queries: 724 queries/s on Prescott, 2,225 on SkylakeX. Intel's AVX-512 models that
-# 0.3.15 does know all get SkylakeX (Cooper Lake its superset, whose additions are bf16 products faiss
-# does not use), its AVX2 ones Haswell; AMD's Zen table reaches Zen 4, so AMD is left to it.
+# 100K x 384, 64 queries: 721 queries/s on Prescott, 2,136 on SkylakeX (bench_blas_kernel). Intel's
+# AVX-512 models that 0.3.15 does know all get SkylakeX (Cooper Lake its superset, whose additions are
+# bf16 products faiss does not use), its AVX2 ones Haswell; AMD's Zen table reaches Zen 4, so AMD is
+# left to it.
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"})
 
 
@@ -109,3 +110,8 @@ def blas_kernels() -> dict[str, str]:
     from threadpoolctl import threadpool_info
 
     return {i["filepath"]: str(i.get("architecture")) for i in threadpool_info() if i.get("internal_api") == "openblas"}
+
+
+def faiss_blas_kernel() -> str | None:
+    """The kernel faiss' own OpenBLAS (in faiss_cpu.libs/) runs on; None before faiss is loaded."""
+    return next((kernel for path, kernel in blas_kernels().items() if "faiss" in path), None)

@@ -24,6 +24,7 @@ from pathlib import Path
 from paraseek.core.settings import Settings
 from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, prepare_bundle, prepare_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
+from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
 from paraseek.training.embedded import ensure_embedded_default
 
@@ -37,7 +38,7 @@ def kernel_env(kernel: str) -> dict[str, str]:
 
 def measure_index(root: Path, data: Path, budget_s: float) -> dict:
     """In this process: faiss' kernel and queries/s of the snapshot's search at each batch size, on every core."""
-    from paraseek.core.cpu_threads import blas_kernels
+    from paraseek.core.cpu_threads import faiss_blas_kernel
     from paraseek.index.faiss_index import set_threads
     from paraseek.index.snapshot import Snapshot
 
@@ -55,8 +56,7 @@ def measure_index(root: Path, data: Path, budget_s: float) -> dict:
             snap.search_ids(q, 10)
             times.append(time.perf_counter() - start)
         rates[batch] = batch / statistics.median(times)
-    kernel = [k for path, k in blas_kernels().items() if "faiss" in path]
-    return {"kernel": kernel[0] if kernel else "unknown", "rates": rates}
+    return {"kernel": faiss_blas_kernel() or "unknown", "rates": rates}
 
 
 def main(argv=None) -> int:
@@ -96,7 +96,8 @@ def main(argv=None) -> int:
         medians[kernel] = {b: statistics.median(r["rates"][str(b)] for r in runs) for b in BATCHES}
         print(f"{kernel:10} {runs[0]['kernel']:10} " + " ".join(f"{medians[kernel][b]:9.0f}" for b in BATCHES))
 
-    groups = [["a man riding a horse on the beach"], ["two dogs playing in the snow"], ["a plate of food on a table"]]
+    # bench_service's requests: a training caption numbered like the collection's rows
+    groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
 
     def plain(i: int) -> dict:
         return {"query": f"{groups[i % len(groups)][0]} ({90_000_000 + i})", "k": 10, "expansion": {"method": "none"}}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import platform
 
-from paraseek.core.cpu_threads import blas_kernels, cpu_info, import_faiss
+from paraseek.core.cpu_threads import cpu_info, faiss_blas_kernel, import_faiss
 
 # the instruction sets that change what onnxruntime's int8 kernels and faiss' scans run on
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "amx_bf16", "sha_ni")
@@ -22,6 +22,5 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     line = f"{model}, {os.cpu_count()} cores, SIMD: {' '.join(simd) or 'none of ' + '/'.join(SIMD_FLAGS[:3])}"
     if cpuinfo is None:
         import_faiss()
-        kernels = [kernel for path, kernel in blas_kernels().items() if "faiss" in path]  # faiss_cpu.libs/
-        line += f", faiss BLAS kernel: {kernels[0] if kernels else 'unknown'}"
+        line += f", faiss BLAS kernel: {faiss_blas_kernel() or 'unknown'}"
     return line

@@ -96,3 +96,10 @@ def test_import_faiss_respects_a_kernel_the_user_set_and_an_empty_value_is_openb
     assert _faiss_kernel(got) == ["Prescott"] and got["env"] == "Prescott"
     own = _kernels_in_fresh_process({}, load="import faiss")
     assert _faiss_kernel(_kernels_in_fresh_process({"OPENBLAS_CORETYPE": ""})) == _faiss_kernel(own)
+
+
+def test_faiss_blas_kernel_names_the_kernel_of_faiss_own_openblas():
+    from paraseek.core.cpu_threads import blas_kernels, faiss_blas_kernel
+
+    kernel = faiss_blas_kernel()  # faiss is loaded by this module's imports
+    assert kernel is not None and kernel in {k for path, k in blas_kernels().items() if "faiss_cpu.libs" in path}
