@@ -28,6 +28,7 @@ from tqdm import tqdm
 from paraseek.core.errors import UserError
 from paraseek.core.bundle import read_manifest
 from paraseek.core.encoder import Encoder
+from paraseek.core.query_vectors import mean_fusion
 from paraseek.core.settings import Settings
 from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError
 from paraseek.training.export.hf_text import minilm_dir
@@ -117,8 +118,9 @@ class AnchorTargets:
 
     @classmethod
     def expanded(cls, frozen: TextTower, data: TrainingData, n: int, run_dir: Path, batch: int = 256,
-                 bank_path: Path | None = None) -> AnchorTargets:
-        captions = list(dict.fromkeys(c for group in data.captions + (data.text_groups or []) for c in group))
+                 bank_path: Path | None = None, leave_own_out: bool = False) -> AnchorTargets:
+        groups = data.captions + (data.text_groups or [])
+        captions = list(dict.fromkeys(c for group in groups for c in group))
         rewrites = [r for pair in data.rewrites.values() for r in pair if r]
         texts = list(dict.fromkeys(captions + rewrites))
         given = bank_of_frozen_tower(bank_path, frozen) if bank_path is not None else None
@@ -126,14 +128,17 @@ class AnchorTargets:
         if given is not None:
             digest = hashlib.sha256("\n".join(given.texts).encode() + given.vectors.tobytes()).hexdigest()[:16]
             source = f"bank {given.manifest.bundle} {given.manifest.count} {digest}"
-        cache = run_dir / f"anchor-targets-bank{n}.npz"
+        cache = run_dir / f"anchor-targets-bank{n}{'-own-out' if leave_own_out else ''}.npz"
         if cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
                 if z["texts"].tolist() == texts and "bank" in z.files and str(z["bank"]) == source:
                     return cls(texts, z["vectors"], z["plain"])
         plain = frozen.embed(texts, batch, desc="anchor targets")
         bank = given or CaptionBank.in_memory(captions, plain[: len(captions)])
-        vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
+        if leave_own_out:
+            vectors = _expand_leaving_own_out(bank, groups, data.rewrites, texts, plain, n)
+        else:
+            vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
         np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32), plain=plain.astype(np.float32),
                  bank=np.array(source))
         return cls(texts, vectors, plain)
@@ -143,6 +148,27 @@ class AnchorTargets:
 
     def plain_of(self, texts: list[str]) -> torch.Tensor:
         return self.plain[[self.row[t] for t in texts]]
+
+
+def _expand_leaving_own_out(bank: CaptionBank, groups: list[list[str]], rewrites: dict[str, tuple[str | None, str]],
+                            texts: list[str], plain: np.ndarray, n: int) -> np.ndarray:
+    """Each text's eq. 5 mean with its ``n`` nearest bank captions outside its own paraphrase set (a
+    rewrite belongs to its caption's set)."""
+    group_of = {c: g for g, group in enumerate(groups) for c in group}
+    for caption, pair in rewrites.items():
+        for rewrite in pair:
+            if rewrite and caption in group_of:
+                group_of.setdefault(rewrite, group_of[caption])
+    row_group = np.array([group_of.get(t, -1) for t in bank.texts])
+    widest = max(map(len, groups), default=0) + 2  # a set's captions and rewrites that may be in the bank
+    out = []
+    for i in range(0, len(texts), 2048):
+        rows, _ = bank.neighbours(plain[i:i + 2048], n + widest)
+        own = np.array([group_of.get(t, -2) for t in texts[i:i + 2048]])
+        keep = row_group[rows] != own[:, None]
+        kept = np.stack([r[k][:n] for r, k in zip(rows, keep)])
+        out.append(mean_fusion(plain[i:i + 2048], bank.vectors[kept]))
+    return np.concatenate(out)
 
 
 @dataclass
@@ -176,7 +202,8 @@ class Trainer:
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         o = recipe.objective
         bank_path = resolve_data_path(o.anchor_bank) if o.anchor_bank else None
-        self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir, bank_path=bank_path)
+        self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir, bank_path=bank_path,
+                                                      leave_own_out=o.anchor_bank_leave_own_out)
                                if self.original is not None and o.anchor_weight > 0 and o.anchor_target == "bank" else None)
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
