@@ -11,6 +11,26 @@ from functools import lru_cache
 from paraseek.paraphrase import ParaphraseSourceUnavailable, substitution_variants
 
 
+def _wordnet():
+    try:
+        from nltk.corpus import wordnet
+
+        wordnet.ensure_loaded()
+    except (LookupError, ImportError, OSError) as exc:
+        raise ParaphraseSourceUnavailable(
+            "WordNet is not installed for NLTK (set NLTK_DATA to a folder with corpora/wordnet.zip)"
+        ) from exc
+    return wordnet
+
+
+def general_sentences() -> list[str]:
+    """WordNet's usage examples and glosses (about 165K, deduplicated, in WordNet's order): general-domain
+    English, for training terms that keep a text tower's behaviour outside the domain it is tuned on."""
+    wn = _wordnet()
+    texts = (text for synset in wn.all_synsets() for text in (*synset.examples(), synset.definition()))
+    return list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+
+
 def _pos(synset) -> str:
     return {"s": "a"}.get(synset.pos(), synset.pos())  # satellite adjectives are adjectives
 
@@ -22,15 +42,7 @@ class WordNetSource:
         self.max_per_word = max_per_word
         self.senses = senses  # how many of the word's most frequent senses give synonyms
         self.min_ratio = min_ratio  # a synonym must be used this many times as often as the word (SemCor; < 0: any)
-        try:
-            from nltk.corpus import wordnet
-
-            wordnet.ensure_loaded()
-        except (LookupError, ImportError, OSError) as exc:
-            raise ParaphraseSourceUnavailable(
-                "WordNet is not installed for NLTK (set NLTK_DATA to a folder with corpora/wordnet.zip)"
-            ) from exc
-        self._wn = wordnet
+        self._wn = _wordnet()
         # NLTK's WordNet reader shares one zip-file handle: concurrent reads from threads corrupt it
         # (AssertionError in nltk.data), so lookups are serialised; they are memoised, so rarely waited on
         self._lock = threading.Lock()

@@ -97,6 +97,13 @@ class ObjectiveSpec(Strict):
         0.0, ge=0, description="weight of the similarity-structure term: the cosines among a batch's captions of "
         "different photos kept at the frozen tower's (squared error), so consistency training does not reshape "
         "how unrelated sentences compare (what STS measures)")
+    preserve_texts: Literal["wordnet"] | None = Field(
+        None, description="general-domain sentences the tuned tower keeps where the frozen tower embeds them, "
+        "preserve_per_batch of them each step: 'wordnet' = WordNet's usage examples and glosses (needs NLTK_DATA, "
+        "as WordNet rewrites do). Consistency training then reshapes the captions' domain, not how sentences in "
+        "general compare (STS)")
+    preserve_weight: float = Field(0.0, ge=0, description="weight of that term: mean (1 - cosine) to the frozen tower")
+    preserve_per_batch: int = Field(64, ge=1)
     anchor_bank: str | None = Field(
         None, description="caption bank folder whose captions expand a 'bank' anchor target: one `paraseek models "
         "build-bank --bundle BASE --captions YOUR_CAPTIONS` made with the frozen tower (same image space); default: "
@@ -133,8 +140,11 @@ class Recipe(Strict):
     def _compatible(self):
         if self.objective.relation_weight > 0 and self.objective.kind != "paraclip":
             raise ValueError("objective.relation_weight: the similarity-structure term is part of the paraclip objective")
-        if self.objective.anchor_weight > 0 and self.model.kind == "alignment":
-            raise ValueError("objective.anchor_weight: alignment layers start from scratch, there is nothing to anchor to")
+        if self.objective.preserve_weight > 0 and self.objective.preserve_texts is None:
+            raise ValueError("objective.preserve_weight: say which sentences to preserve (objective.preserve_texts)")
+        if (self.objective.anchor_weight > 0 or self.objective.preserve_weight > 0) and self.model.kind == "alignment":
+            raise ValueError("objective.anchor_weight, objective.preserve_weight: alignment layers start from scratch, "
+                             "there is nothing to anchor to")
         return self
 
 

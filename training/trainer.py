@@ -104,6 +104,17 @@ def bank_of_frozen_tower(path: Path, frozen: TextTower) -> CaptionBank:
     return bank
 
 
+def preserved_sentences(source: str | None) -> list[str]:
+    """The general-domain sentences of ``objective.preserve_texts``."""
+    from paraseek.paraphrase import ParaphraseSourceUnavailable
+    from paraseek.paraphrase.wordnet import general_sentences
+
+    try:
+        return general_sentences()
+    except ParaphraseSourceUnavailable as exc:
+        raise UserError(f"objective.preserve_texts: {source}: {exc}") from None
+
+
 class AnchorTargets:
     """Anchor targets that teach the tower caption-bank expansion: for every training text, the frozen
     tower's embedding moved to the eq. 5 mean with its ``n`` nearest captions of a bank (the expansion
@@ -196,11 +207,12 @@ class Trainer:
         seed_everything(t.seed)
         self.tower, self.image_encoder = build_model(recipe, self.run_dir)
         self.tower.to(self.device)
-        self.original = (frozen_copy(self.tower) if (recipe.objective.anchor_weight > 0 or recipe.objective.relation_weight > 0
+        o = recipe.objective
+        self.original = (frozen_copy(self.tower) if (o.anchor_weight > 0 or o.relation_weight > 0 or o.preserve_weight > 0
                                                       or t.wise_ft_alpha < 1) else None)
+        self.preserved = preserved_sentences(o.preserve_texts) if o.preserve_weight > 0 else []
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
-        o = recipe.objective
         bank_path = resolve_data_path(o.anchor_bank) if o.anchor_bank else None
         self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir, bank_path=bank_path,
                                                       leave_own_out=o.anchor_bank_leave_own_out)
@@ -314,6 +326,15 @@ class Trainer:
             relation = relation_loss(first, plain)
             parts["relation"] = float(relation.detach())
             loss = loss + o.relation_weight * relation
+        if o.preserve_weight > 0:
+            rng = np.random.default_rng([t.seed, step, 3])
+            pick = rng.choice(len(self.preserved), size=min(o.preserve_per_batch, len(self.preserved)), replace=False)
+            general = [self.preserved[i] for i in pick]
+            with torch.no_grad():
+                kept = self.original.encode(general)
+            preserve = anchor_loss(encode(general), kept)
+            parts["preserve"] = float(preserve.detach())
+            loss = loss + o.preserve_weight * preserve
         return loss, parts
 
     # -- loop --------------------------------------------------------------------------------

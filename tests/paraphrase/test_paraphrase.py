@@ -75,3 +75,13 @@ def test_ppdb_rewrites_only_toward_more_usual_caption_wording(shared_data):
     assert ppdb.synonyms("man") == []  # "man" is already the usual word in captions
     for word in ("kid", "automobile", "tiny", "guy"):
         assert all(min(counts[w] for w in alt.split()) > counts[word] for alt in ppdb.synonyms(word))
+
+
+def test_wordnet_general_sentences_are_its_usage_examples_and_glosses(wordnet):
+    from paraseek.paraphrase.wordnet import general_sentences
+
+    texts = general_sentences()
+    assert len(texts) > 150_000 and len(set(texts)) == len(texts)
+    assert "the dog barked all night" in texts  # dog.n.01's usage example
+    assert any(t.startswith("a member of the genus Canis") for t in texts)  # and its gloss
+    assert all(t == t.strip() and t for t in texts[:1000])

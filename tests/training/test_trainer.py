@@ -99,6 +99,8 @@ def test_wise_ft_interpolates_towards_the_original(shared_data, starter_bundle, 
     (["train.unknown_field=3"], "recipe.train.unknown_field"),
     (["model.kind=alignment", "objective.anchor_weight=1"], "anchor_weight"),
     (["objective.kind=laclip", "objective.relation_weight=1"], "relation_weight"),
+    (["objective.preserve_weight=1"], "preserve_texts"),
+    (["model.kind=alignment", "objective.preserve_texts=wordnet", "objective.preserve_weight=1"], "preserve_weight"),
 ])
 def test_bad_recipes_name_the_field(overrides, message):
     with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
@@ -205,3 +207,26 @@ def test_the_similarity_structure_term_trains_and_is_logged(shared_data, starter
     losses = trainer.fit(progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(np.isfinite(losses)) and all(r["relation"] >= 0 for r in rows)
+
+
+def test_the_preserve_term_keeps_general_sentences_where_the_frozen_tower_had_them(shared_data, starter_bundle, tmp_path,
+                                                                                   monkeypatch):
+    """preserve_texts/preserve_weight: trained hard on captions, a tower with the term moves WordNet's
+    sentences less from the frozen tower's embeddings than the same run without it."""
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
+    from paraseek.paraphrase.wordnet import general_sentences
+
+    probe = general_sentences()[::2000]  # sentences the term may or may not have sampled
+    drift = {}
+    for weight in (0, 100):
+        extra = [f"objective.preserve_weight={weight}", "objective.preserve_texts=wordnet", "objective.preserve_per_batch=16"]
+        spec = tiny("paraclip-starter-cpu", shared_data, starter_bundle, "train.lr=1e-3", "train.steps=3", *extra)
+        trainer = Trainer(spec, tmp_path / f"run{weight}")
+        trainer.fit(progress=False)
+        trainer.tower.eval()
+        with torch.no_grad():
+            drift[weight] = float((1 - (trainer.tower.encode(probe) * trainer.original.encode(probe)).sum(-1)).mean())
+        if weight:
+            rows = [json.loads(line) for line in (tmp_path / f"run{weight}/metrics.jsonl").read_text().splitlines()]
+            assert all(r["preserve"] >= 0 for r in rows)
+    assert 0 <= drift[100] < 0.6 * drift[0]  # 0.019 against 0.046 when written
