@@ -115,6 +115,15 @@ def preserved_sentences(source: str | None) -> list[str]:
         raise UserError(f"objective.preserve_texts: {source}: {exc}") from None
 
 
+def tower_digest(tower: TextTower) -> str:
+    """A short digest of a tower's weights (its state dict, in order)."""
+    h = hashlib.sha256()
+    for name, value in tower.state_dict().items():
+        h.update(name.encode())
+        h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 class AnchorTargets:
     """Anchor targets that teach the tower caption-bank expansion: for every training text, the frozen
     tower's embedding moved to the eq. 5 mean with its ``n`` nearest captions of a bank (the expansion
@@ -139,6 +148,9 @@ class AnchorTargets:
         if given is not None:
             digest = hashlib.sha256("\n".join(given.texts).encode() + given.vectors.tobytes()).hexdigest()[:16]
             source = f"bank {given.manifest.bundle} {given.manifest.count} {digest}"
+        # the frozen tower's weights are part of the key: a run directory (or a sweep's shared targets)
+        # reused for another starting tower must not hand it the first tower's targets
+        source += f" tower {tower_digest(frozen)}"
         cache = run_dir / f"anchor-targets-bank{n}{'-own-out' if leave_own_out else ''}.npz"
         if cache.is_file():
             with np.load(cache, allow_pickle=False) as z:

@@ -30,3 +30,32 @@ def test_own_set_and_its_rewrites_are_left_out_and_the_nearest_others_kept():
     np.testing.assert_allclose(got[2], mean_fusion(plain[2], vectors[[0, 1]]), atol=1e-6)
     # the plain expansion keeps the own set: the dog's nearest are itself and the puppy
     np.testing.assert_allclose(bank.expand(plain[:1], 2)[0], mean_fusion(plain[0], vectors[[0, 1]]), atol=1e-6)
+
+
+def test_cached_targets_belong_to_the_tower_that_made_them(shared_data, starter_bundle, tmp_path):
+    """A run directory reused with another starting tower (or a sweep's shared targets) recomputes the
+    targets instead of handing the new tower the first one's."""
+    import torch
+
+    from paraseek.training.recipe import load_recipe
+    from paraseek.training.trainer import AnchorTargets, Trainer, tower_digest
+
+    head = (shared_data / "coco-captions/train_captions.tsv").read_text().splitlines()[:61]
+    (tmp_path / "sets.tsv").write_text("\n".join(head) + "\n")
+    spec = load_recipe("robust-starter", [
+        f"model.image_bundle={starter_bundle}", "data.image_embeddings=null", f"data.text_captions={tmp_path / 'sets.tsv'}",
+        f"data.captions={shared_data / 'coco-mini/captions_train2017.json'}", "data.images=null", "data.text_per_batch=3",
+        f"data.paraphrases.dataset={tmp_path / 'para.jsonl'}", "train.batch_size=4", "train.steps=1"])
+    trainer = Trainer(spec, tmp_path / "run")
+    first = trainer.anchor_targets
+    text = trainer.data.captions[0][0]
+    with torch.no_grad():
+        for p in trainer.original.parameters():
+            p.mul_(0.9).add_(0.01)  # another starting tower
+    assert tower_digest(trainer.original) != tower_digest(trainer.tower)
+    again = AnchorTargets.expanded(trainer.original, trainer.data, spec.objective.anchor_bank_n, tmp_path / "run")
+    np.testing.assert_allclose(again.plain_of([text]).numpy(), trainer.original.embed([text]), atol=1e-5)
+    assert not np.allclose(again.plain_of([text]).numpy(), first.plain_of([text]).numpy(), atol=1e-3)
+    (tmp_path / "run2").mkdir()
+    same = AnchorTargets.expanded(trainer.tower, trainer.data, spec.objective.anchor_bank_n, tmp_path / "run2")
+    np.testing.assert_allclose(same.vectors.numpy(), first.vectors.numpy(), atol=1e-6)  # same tower: same targets
