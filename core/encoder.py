@@ -7,6 +7,7 @@ onnxruntime, tokenizers, numpy and Pillow, never torch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -14,7 +15,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from paraseek.core.bundle import BundleError, BundleManifest, ImagePreprocess, TowerSpec, read_manifest, resolve_precision
+from paraseek.core.bundle import (
+    PRECISIONS,
+    BundleError,
+    BundleManifest,
+    ImagePreprocess,
+    TowerSpec,
+    read_manifest,
+    resolve_precision,
+)
 from paraseek.core.cpu_threads import openmp_thread_share
 from paraseek.core.tokenizer import BundleTokenizer, TokenBatch
 
@@ -22,6 +31,35 @@ log = logging.getLogger(__name__)
 
 # Preferred order; only those onnxruntime reports as available are used.
 _PROVIDER_PREFERENCE = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+GPU_PROVIDERS = frozenset({"TensorrtExecutionProvider", "CUDAExecutionProvider"})
+_cuda_preloaded = False
+
+
+def _preload_cuda_libraries() -> None:
+    """onnxruntime-gpu installed with its CUDA and cuDNN wheels (the nvidia-* distributions) finds those
+    libraries only once they are loaded: ``preload_dlls`` does that, unless a torch of the same CUDA
+    was imported first or LD_LIBRARY_PATH already names them."""
+    global _cuda_preloaded
+    import onnxruntime as ort
+
+    if _cuda_preloaded or not hasattr(ort, "preload_dlls"):
+        return
+    _cuda_preloaded = True
+    try:
+        ort.preload_dlls()
+    except Exception as exc:  # system-wide CUDA libraries may still be found by the provider itself
+        log.warning("onnxruntime could not preload the CUDA libraries: %s", exc)
+
+
+@functools.lru_cache(maxsize=1)
+def _tensorrt_present() -> bool:
+    """onnxruntime-gpu lists TensorRT whether or not TensorRT is installed; without its libraries every
+    session would first fail on it and be retried on CUDA."""
+    import ctypes.util
+    import importlib.util
+
+    return ctypes.util.find_library("nvinfer") is not None or any(
+        importlib.util.find_spec(name) is not None for name in ("tensorrt_libs", "tensorrt"))
 
 
 def choose_providers(requested: Sequence[str] | None = None) -> list[str]:
@@ -36,8 +74,14 @@ def choose_providers(requested: Sequence[str] | None = None) -> list[str]:
                 f"execution provider(s) {missing} are not available in this onnxruntime "
                 f"(available: {sorted(available)})"
             )
-        return list(requested)
-    return [p for p in _PROVIDER_PREFERENCE if p in available]
+        chosen = list(requested)
+    else:
+        chosen = [p for p in _PROVIDER_PREFERENCE if p in available]
+        if "TensorrtExecutionProvider" in chosen and not _tensorrt_present():
+            chosen.remove("TensorrtExecutionProvider")
+    if GPU_PROVIDERS.intersection(chosen):
+        _preload_cuda_libraries()
+    return chosen
 
 
 def l2_normalize(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -106,13 +150,15 @@ class Encoder:
         self.spin = spin
         self.memory_arena = memory_arena
         m = self.manifest
-        if precision not in ("fp32", "int8", "auto"):
-            raise BundleError(f"precision must be 'fp32', 'int8' or 'auto', not {precision!r}")
-        precision = resolve_precision(m, precision)
+        if precision not in (*PRECISIONS, "auto"):
+            raise BundleError(f"precision must be one of {', '.join(PRECISIONS)} or auto, not {precision!r}")
+        precision = resolve_precision(m, precision, gpu=self.on_gpu)
         if precision == "int8" and m.text_int8 is None:
             raise BundleError(f"bundle {self.path} has no int8 text tower (export it with --int8)")
+        if precision == "fp16" and m.text_fp16 is None:
+            raise BundleError(f"bundle {self.path} has no fp16 text tower (write one with `paraseek models fp16`)")
         self.precision = precision
-        text_spec: TowerSpec = m.text_int8 if precision == "int8" and m.text_int8 is not None else m.text
+        text_spec: TowerSpec = {"int8": m.text_int8, "fp16": m.text_fp16}.get(precision) or m.text
         self.tokenizer = BundleTokenizer(
             self.path / m.tokenizer.file, m.max_tokens, m.tokenizer.cleaning, m.tokenizer.pad_id
         )
@@ -123,9 +169,19 @@ class Encoder:
         self._text_inputs = list(text_spec.input_names)
         self._image_session = None
         if load_image and m.image is not None:
-            self._image_session = self._session(self.path / m.image.file)
+            self._image_session = self._session(self.path / m.image.file, image=True)
 
     # -- properties -------------------------------------------------------------------------
+    @property
+    def text_providers(self) -> list[str]:
+        """The providers the text session runs on: onnxruntime falls back to CPU where a GPU one fails to load."""
+        return list(self._text_session.get_providers())
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the first execution provider is a GPU one (CUDA or TensorRT)."""
+        return bool(self.providers) and self.providers[0] in GPU_PROVIDERS
+
     @property
     def name(self) -> str:
         return self.manifest.name
@@ -147,7 +203,7 @@ class Encoder:
         return self._image_session is not None
 
     # -- sessions -----------------------------------------------------------------------------
-    def _session(self, path: Path, solo: bool = False):
+    def _session(self, path: Path, solo: bool = False, image: bool = False):
         import onnxruntime as ort
 
         threads = self.solo_threads if solo else self.threads
@@ -167,7 +223,15 @@ class Encoder:
             # idle intra-op threads sleep instead of spinning: in a server they would otherwise burn the
             # cores the event loop needs between encoder calls
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(str(path), sess_options=opts, providers=self.providers)
+        # NCHWc is a layout for convolutions, which text towers have none of; onnxruntime's pass crashes
+        # the process on an fp16 graph without fused attention (open_clip's text tower, CPU provider)
+        disabled = [] if image else ["NchwcTransformer"]
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=self.providers, disabled_optimizers=disabled)
+        lost = [p for p in self.providers if p in GPU_PROVIDERS and p not in session.get_providers()]
+        if lost:  # onnxruntime falls back to CPU when a provider's libraries fail to load
+            log.warning("%s: execution provider(s) %s did not load (CUDA/cuDNN libraries missing?); running on %s",
+                        path.name, lost, session.get_providers())
+        return session
 
     def with_text_model(self, onnx_path: str | os.PathLike) -> Encoder:
         """A copy that runs another text graph with this bundle's tokenizer (exporters use it to
@@ -186,7 +250,7 @@ class Encoder:
         import copy
 
         other = copy.copy(self)
-        other._image_session = self._session(Path(onnx_path))
+        other._image_session = self._session(Path(onnx_path), image=True)
         return other
 
     # -- text ---------------------------------------------------------------------------------

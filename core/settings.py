@@ -30,9 +30,10 @@ class Settings(BaseSettings):
         "robust", description="which starter the embedded default serves: the robust text tower or plain MiniLM")
 
     # encoder and index runtime
-    # auto: the int8 text tower where the bundle's manifest shows it agrees with fp32 (mean cosine >= 0.99)
-    # and loses at most 0.5 point of AO@10 and T2I R@10 (measured at export); else fp32
-    precision: str = Field("auto", pattern="^(auto|fp32|int8)$")
+    # auto, on CPU: the int8 text tower where the bundle's manifest shows it agrees with fp32 (mean cosine
+    # >= 0.99) and loses at most 0.5 point of AO@10 and T2I R@10 (measured at export); on a GPU (CUDA or
+    # TensorRT provider): the fp16 tower where its cosine to fp32 is >= 0.999 everywhere; else fp32
+    precision: str = Field("auto", pattern="^(auto|fp32|fp16|int8)$")
     encoder_threads: int | None = Field(None, ge=1, description="intra-op threads per call (default: cores / workers)")
     encoder_workers: int | None = Field(None, ge=1, le=64, description="encoder calls at once (default: 2 on 2+ cores)")
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")

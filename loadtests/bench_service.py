@@ -55,9 +55,10 @@ import aiohttp
 import numpy as np
 import orjson
 
+from paraseek.core.bundle import PRECISIONS, read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
-from paraseek.loadtests.machine import cpu_description
+from paraseek.loadtests.machine import cpu_description, gpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
 from paraseek.training.embedded import ensure_embedded_default
@@ -201,7 +202,6 @@ def synthetic_space(dim: int, data: Path, seed: int = 0) -> tuple[np.ndarray, np
 
 def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
     """A snapshot root for this bundle and size, built once and reused by later runs."""
-    from paraseek.core.bundle import read_manifest
     from paraseek.index.builder import build_snapshot
     from paraseek.index.demo import build_demo_snapshot
 
@@ -236,6 +236,16 @@ def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: 
     build_snapshot_from_vectors(shard, root, spec=spec, target_recall=None if spec.exact else 0.95, queries=queries,
                                 progress=False, **manifest)
     shard.unlink()
+
+
+def serving_precisions(bundle: Path) -> list[str]:
+    """fp32 and what ``auto`` serves on this machine's execution provider, where that is another (int8
+    on CPU, fp16 on a GPU), in that order."""
+    from paraseek.core.bundle import resolve_precision
+    from paraseek.core.encoder import GPU_PROVIDERS, choose_providers
+
+    served = resolve_precision(read_manifest(bundle, verify=False), "auto", gpu=choose_providers()[0] in GPU_PROVIDERS)
+    return ["fp32"] if served == "fp32" else ["fp32", served]
 
 
 def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
@@ -280,16 +290,18 @@ def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s
     return sum(done) / (time.perf_counter() - start)
 
 
-def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of) -> dict:
+def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
+             precisions: tuple[str, ...] = ("fp32", "int8")) -> dict:
     """E (texts/s at batch 32), E of the service's encoder layout and batch-1 ms per precision; I
     (queries/s at batch 64) and batch-1 ms of the index, all cores, in this process. ``texts`` are like
-    the requests' (batch 1 rotates through them)."""
+    the requests' (batch 1 rotates through them). The encoder runs where the service would run it (a
+    GPU's execution provider where onnxruntime has one)."""
     from paraseek.index.faiss_index import set_threads
     from paraseek.index.snapshot import Snapshot
 
     out: dict = {}
     encoders = {}
-    for precision in ("fp32", "int8"):
+    for precision in precisions:
         enc = encoders[precision] = Encoder(bundle, precision=precision, load_image=False)
         b1, _ = _median_rate(lambda enc=enc, step=iter(range(10**9)): enc.encode_text([texts[next(step) % len(texts)]],
                                                                                     batch_size=1), 1)
@@ -303,9 +315,10 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of) ->
     _, i = _median_rate(lambda: snap.search_ids(q[:64], 10), 64)
     # one request's compute as the service does it: encode one text, then search its vector. Run
     # back to back, each evicts the other's data from the caches, so this is slower than the sum above
-    enc = encoders["int8"]
+    enc = encoders[precisions[-1]]
     step = iter(range(10**9))
     floor, _ = _median_rate(lambda: snap.search_ids(enc.encode_text([texts[next(step) % len(texts)]], batch_size=1), 10), 1)
+    out["floor_precision"] = precisions[-1]
     out["index"] = {"I": i, "index_b1_ms": i1 * 1000, "recall_at_10": snap.manifest.recall_at_10,
                     "type": snap.manifest.index.type, "request_floor_ms": floor * 1000}
     return out
@@ -366,21 +379,24 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     print(f"{'bundle':18} {'images':>8} {'index':8} {'prec':5} {'batch':5} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'req/s':>7} {'ceiling':>7} {'ratio':>6} {'ratio2':>6} {'fail':>4}", flush=True)
     results = []
-    for bundle_name in args.bundles:
-        bundle = prepare_bundle(bundle_name, home, work)
+    bundles = [(read_manifest(args.bundle).name, args.bundle)] if args.bundle else \
+        [(name, prepare_bundle(name, home, work)) for name in args.bundles]
+    for bundle_name, bundle in bundles:
+        precisions = tuple(args.precisions or serving_precisions(bundle))
         for size in args.sizes:
             root = prepare_snapshot(bundle, size, work, args.data)
-            c = ceilings(bundle, root, texts, queries_of)
+            c = ceilings(bundle, root, texts, queries_of, precisions)
             ix = c["index"]
-            print(f"# {bundle_name} {size}: E fp32 {c['fp32']['E']:.0f}/s int8 {c['int8']['E']:.0f}/s (service layout: "
-                  f"fp32 {c['fp32']['E_service']:.0f}/s int8 {c['int8']['E_service']:.0f}/s); "
-                  f"encoder b1 fp32 {c['fp32']['enc_b1_ms']:.2f} ms int8 {c['int8']['enc_b1_ms']:.2f} ms; "
-                  f"index {ix['type']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; int8 encode+search back to back "
-                  f"{ix['request_floor_ms']:.2f} ms"
+            print(f"# {bundle_name} {size}: E " + " ".join(f"{p} {c[p]['E']:.0f}/s" for p in precisions)
+                  + " (service layout: " + " ".join(f"{p} {c[p]['E_service']:.0f}/s" for p in precisions) + "); "
+                  + "encoder b1 " + " ".join(f"{p} {c[p]['enc_b1_ms']:.2f} ms" for p in precisions) + "; "
+                  f"index {ix['type']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; {c['floor_precision']} "
+                  f"encode+search back to back {ix['request_floor_ms']:.2f} ms"
                   + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
             # the concurrency-1 checks (100K only) search this copy beside the server
             snap = Snapshot.load(root, verify=False) if size == 100_000 else None
-            for precision, batching in (("int8", True), ("fp32", True), ("int8", False)):
+            served = precisions[-1]  # what `auto` serves here: int8 on CPU, fp16 on a GPU, where the bundle has it
+            for precision, batching in [(p, True) for p in reversed(precisions)] + [(served, False)]:
                 ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])
                 ceiling_layout = 1 / (1 / c[precision]["E_service"] + 1 / ix["I"])
                 proc, url = start_server({"PARASEEK_HOME": str(home), "PARASEEK_LOG_JSON": "false",
@@ -434,6 +450,11 @@ def main(argv=None) -> int:
     p.add_argument("--scale-seconds", type=float, default=5.0, help="duration of each scale measurement")
     p.add_argument("--sizes", type=int, nargs="+", default=[76, 100_000, 1_000_000])
     p.add_argument("--bundles", nargs="+", default=["starter", "vit-b-32"], choices=["starter", "vit-b-32"])
+    p.add_argument("--bundle", type=Path, default=None,
+                   help="scale section: this bundle instead of --bundles (with --skip-demo no embedded default is built)")
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
+                   help="scale section: the text towers to serve (default: fp32 and what auto serves here, int8 on "
+                        "CPU, fp16 on a GPU, where the bundle has it)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--work", type=Path, default=None, help="where scale bundles and snapshots are built (reused)")
     p.add_argument("--latency-rounds", type=int, default=5,
@@ -452,9 +473,12 @@ def main(argv=None) -> int:
         if not args.skip_scale:
             p.error("--server-checkout compares the demo section only: add --skip-scale")
 
-    print(f"machine: {cpu_description()}", flush=True)
+    if args.bundle is not None:
+        read_manifest(args.bundle, verify=False)  # a clear error before anything is built
+    print(f"machine: {cpu_description()}\naccelerators: {gpu_description()}", flush=True)
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
-    if args.server_checkout is None:  # another checkout builds its own, in its own format
+    # another checkout builds its own, in its own format; a given bundle serves the scale section alone
+    if args.server_checkout is None and not (args.skip_demo and args.bundle is not None):
         ensure_embedded_default(Settings(home=home))
     groups = caption_groups(args.data / "coco-captions" / "train_captions.tsv", min_size=4)
     ok = True

@@ -17,6 +17,7 @@ from paraseek.loadtests import (  # bench_encoder imports torch only when run
     bench_encoder,
     bench_expansion,
     bench_filters,
+    bench_gpu,
     bench_index,
     bench_large,
     bench_service,
@@ -58,7 +59,9 @@ for _name, _main, _help in (
     ("blas", bench_blas_kernel.main, "faiss' OpenBLAS kernel side by side (OpenBLAS's own choice vs paraseek's): merged "
      "flat searches and the service at concurrency 32 (--kernels, --rounds)."),
     ("service", bench_service.main, "End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off "
-     "(options: --seconds)."),
+     "(options: --seconds; --bundle B --skip-demo serves a bundle of yours, on a GPU where onnxruntime has one)."),
+    ("gpu", bench_gpu.main, "The text tower on each execution provider (CUDA, TensorRT, CPU) at each precision the "
+     "bundle holds, and flat/IVF search on CPU and faiss' GPUs, side by side (--bundle, --sizes)."),
 ):
     _pass_through(_name, _main, _help)
 

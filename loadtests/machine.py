@@ -24,3 +24,22 @@ def cpu_description(cpuinfo: str | None = None) -> str:
         import_faiss()
         line += f", faiss BLAS kernel: {faiss_blas_kernel() or 'unknown'}"
     return line
+
+
+def gpu_description() -> str:
+    """The accelerators a benchmark may use, in one line: the GPUs nvidia-smi lists (name, memory,
+    driver), the execution providers onnxruntime offers and the GPUs faiss sees."""
+    import shutil
+    import subprocess
+
+    import onnxruntime as ort
+
+    from paraseek.index.faiss_index import gpu_count
+
+    gpus = "no nvidia-smi"
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        gpus = "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or "none listed"
+    providers = [p.removesuffix("ExecutionProvider") for p in ort.get_available_providers()]
+    return f"GPUs: {gpus}; onnxruntime {ort.__version__} providers: {', '.join(providers)}; faiss GPUs: {gpu_count()}"

@@ -301,7 +301,7 @@ class ReindexRequest(StrictModel):
 
 class ReloadRequest(StrictModel):
     bundle: ServerPath = Field(min_length=1)
-    precision: Literal["auto", "fp32", "int8"] = "auto"
+    precision: Literal["auto", "fp32", "fp16", "int8"] = "auto"
 
 
 class Job(BaseModel):

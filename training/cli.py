@@ -120,6 +120,18 @@ def quantize_cmd(
     console.print(f"auto precision serves {'int8' if ok else 'fp32'}: {why}")
 
 
+@models_app.command("fp16")
+@user_errors
+def fp16_cmd(bundle: Path = typer.Argument(..., help="Bundle directory.")):
+    """Write (or rewrite) the half-precision text tower that `auto` precision serves on a GPU (CUDA or
+    TensorRT execution provider) when it agrees with fp32 (cosine >= 0.999 on every calibration text)."""
+    from paraseek.training.export.fp16 import half_text_tower  # onnxruntime and onnx, no torch
+
+    spec = half_text_tower(bundle, demo_captions())
+    ok, why = spec.qualifies()
+    console.print(f"fp16 text tower: {why}; auto precision on a GPU serves {'fp16' if ok else 'fp32'}")
+
+
 @models_app.command("optimize")
 @user_errors
 def optimize_cmd(
@@ -137,9 +149,9 @@ def optimize_cmd(
 
     evaluate_on = _evaluation_data(eval_pairs, eval_images)
     manifest = read_manifest(bundle)
-    int8 = manifest.text_int8
-    if int8 is not None:  # quantised from the unfused graph: out of the bundle until it is rebuilt
-        write_manifest(bundle, manifest.model_copy(update={"text_int8": None}))
+    int8, fp16 = manifest.text_int8, manifest.text_fp16
+    if int8 is not None or fp16 is not None:  # made from the unfused graph: out of the bundle until rebuilt
+        write_manifest(bundle, manifest.model_copy(update={"text_int8": None, "text_fp16": None}))
     done = optimize_bundle(bundle, demo_captions(), evaluate_on=evaluate_on, any_fusion=any_fusion)
     for tower, opt in done.items():
         ops = ", ".join(f"{n} {op}" for op, n in opt.operators.items())
@@ -156,6 +168,11 @@ def optimize_cmd(
         spec = quantize_text_tower(bundle, demo_captions(), evaluate_on=evaluate_on, keep_fp32=int8.keep_fp32)
         console.print(f"int8 text tower rebuilt ({spec.keep_fp32} kept fp32): auto precision serves "
                       f"{'int8' if spec.qualifies()[0] else 'fp32'}: {spec.qualifies()[1]}")
+    if fp16 is not None:
+        from paraseek.training.export.fp16 import half_text_tower
+
+        half = half_text_tower(bundle, demo_captions())
+        console.print(f"fp16 text tower rebuilt: {half.qualifies()[1]}")
 
 
 @models_app.command("export-hf")

@@ -25,3 +25,17 @@ def test_a_cpu_without_them_says_so():
 def test_this_machine_is_described():
     line = cpu_description()
     assert "cores, SIMD:" in line and "faiss BLAS kernel: " in line and not line.endswith("unknown")
+
+
+def test_the_accelerator_line_names_providers_and_faiss_gpus(monkeypatch):
+    import shutil
+
+    import onnxruntime as ort
+
+    from paraseek.loadtests.machine import gpu_description
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # a host without NVIDIA's driver tools
+    line = gpu_description()
+    assert line.startswith("GPUs: no nvidia-smi; ")
+    assert f"onnxruntime {ort.__version__} providers: " in line and "CPU" in line
+    assert line.endswith("faiss GPUs: 0")

@@ -112,12 +112,16 @@ def test_a_fusion_that_disagrees_is_not_applied(tiny_clip, tmp_path, monkeypatch
     assert not list(bundle.glob("*.fused.onnx"))
 
 
-def test_models_optimize_fuses_an_old_bundle_and_rebuilds_int8(tiny_clip, tmp_path):
+def test_models_optimize_fuses_an_old_bundle_and_rebuilds_int8_and_fp16(tiny_clip, tmp_path):
+    import onnx
+
     from paraseek.cli import app
+    from paraseek.training.export.fp16 import half_text_tower
     from paraseek.training.export.quantize import quantize_text_tower
 
     bundle = _unfused_tiny_clip(tiny_clip, tmp_path)
     quantize_text_tower(bundle, TEXTS, keep_fp32="none")
+    half_text_tower(bundle, TEXTS)
     reference = Encoder(bundle, load_image=True)
     texts_before = reference.encode_text(TEXTS)
     r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--any-fusion"])
@@ -127,6 +131,11 @@ def test_models_optimize_fuses_an_old_bundle_and_rebuilds_int8(tiny_clip, tmp_pa
     assert m.text.optimization is not None and m.text_int8 is not None
     assert m.text_int8.keep_fp32 == "none"  # re-quantised with the bundle's own policy
     assert np.sum(Encoder(bundle).encode_text(TEXTS) * texts_before, axis=1).min() >= FUSED_MIN_COSINE
+    # the fp16 tower is converted again, from the fused graph: it holds the fused operators
+    assert m.text_fp16 is not None and "fp16 text tower rebuilt" in r.output
+    fp16_ops = {node.op_type for node in onnx.load(str(bundle / m.text_fp16.file)).graph.node}
+    assert set(m.text.optimization.operators) <= fp16_ops
+    assert np.sum(Encoder(bundle, precision="fp16").encode_text(TEXTS) * texts_before, axis=1).min() >= FUSED_MIN_COSINE
     r = CliRunner().invoke(app, ["models", "optimize", str(bundle), "--any-fusion"])
     assert r.exit_code == 0 and "nothing fused" in r.output
 
