@@ -31,6 +31,13 @@ STARTER_MISSING = (
 )
 
 
+def on_gpu_host() -> bool:
+    """Whether onnxruntime offers a GPU execution provider here (onnxruntime-gpu and a device)."""
+    from paraseek.core.encoder import GPU_PROVIDERS, choose_providers
+
+    return bool(GPU_PROVIDERS.intersection(choose_providers()))
+
+
 def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress: bool = True,
                             with_bank: bool = True) -> tuple[Path, Path]:
     """(bundle dir, snapshot root) of the embedded default, each built if missing (or ``rebuild``);
@@ -44,6 +51,13 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
             raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
         log.warning("building the %s starter bundle in %s ...", settings.starter, bundle)
         build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None)
+    if on_gpu_host() and read_manifest(bundle, verify=False).text_fp16 is None:
+        # what `auto` serves on a GPU; a bundle built on a CPU host gets it at its first GPU start
+        from paraseek.core.demo import demo_captions
+        from paraseek.training.export.fp16 import half_text_tower
+
+        log.warning("writing the fp16 text tower of %s for this GPU ...", bundle)
+        half_text_tower(bundle, demo_captions())
     # load the encoder only when something must be built: a warm start just checks files
     need_snapshot = rebuild or current_version(snap_root) is None
     bank = bank_dir(settings.home, read_manifest(bundle, verify=False))

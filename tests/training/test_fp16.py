@@ -87,3 +87,22 @@ def test_fp16_command_names_a_missing_bundle(tmp_path):
     r = CliRunner().invoke(app, ["models", "fp16", str(tmp_path / "nowhere")])
     assert r.exit_code != 0
     assert "nowhere" in r.output and "not a directory" in " ".join(r.output.split())
+
+
+def test_the_embedded_default_gets_its_fp16_tower_on_a_gpu_host_only(starter_bundle, tmp_path, monkeypatch):
+    from paraseek.training import embedded
+
+    settings = Settings(home=tmp_path / "home", starter="plain")
+    shutil.copytree(starter_bundle, settings.starter_bundle_dir)  # as built at an earlier (CPU) start
+    monkeypatch.setattr(embedded, "on_gpu_host", lambda: False)
+    bundle, _ = embedded.ensure_embedded_default(settings, progress=False, with_bank=False)
+    assert read_manifest(bundle).text_fp16 is None and not (bundle / "text.fp16.onnx").exists()
+
+    monkeypatch.setattr(embedded, "on_gpu_host", lambda: True)
+    embedded.ensure_embedded_default(settings, progress=False, with_bank=False)
+    written = read_manifest(bundle).text_fp16
+    assert written is not None and written.qualifies()[0]
+    assert resolve_precision(read_manifest(bundle), "auto", gpu=True) == "fp16"
+    stamp = (bundle / written.file).stat().st_mtime_ns
+    embedded.ensure_embedded_default(settings, progress=False, with_bank=False)  # a warm start writes nothing
+    assert (bundle / written.file).stat().st_mtime_ns == stamp
