@@ -62,6 +62,16 @@ def _tensorrt_present() -> bool:
         importlib.util.find_spec(name) is not None for name in ("tensorrt_libs", "tensorrt"))
 
 
+_SHORT_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+
+
+def provider_names(spec: str | None) -> list[str] | None:
+    """``"cuda,cpu"`` (PARASEEK_PROVIDERS) -> onnxruntime's names, in order; full names pass as given."""
+    if not spec:
+        return None
+    return [_SHORT_NAMES.get(name.strip().lower(), name.strip()) for name in spec.split(",") if name.strip()]
+
+
 def choose_providers(requested: Sequence[str] | None = None) -> list[str]:
     """Execution providers to use: the requested ones, else GPU ones when present, then CPU."""
     import onnxruntime as ort
@@ -152,6 +162,24 @@ class Encoder:
         m = self.manifest
         if precision not in (*PRECISIONS, "auto"):
             raise BundleError(f"precision must be one of {', '.join(PRECISIONS)} or auto, not {precision!r}")
+        self.tokenizer = BundleTokenizer(
+            self.path / m.tokenizer.file, m.max_tokens, m.tokenizer.cleaning, m.tokenizer.pad_id
+        )
+        self._load_text_tower(precision)
+        if self.on_gpu and not GPU_PROVIDERS.intersection(self.text_providers):
+            # the GPU provider did not load (no device visible, libraries missing): run as on a CPU host,
+            # where `auto` may choose another tower
+            self.providers = ["CPUExecutionProvider"]
+            if resolve_precision(m, precision) != self.precision:
+                self._load_text_tower(precision)
+        self.solo_threads = solo_threads if solo_threads and solo_threads != threads else None
+        self._solo_session = self._session(self._text_path, solo=True) if self.solo_threads else None
+        self._image_session = None
+        if load_image and m.image is not None:
+            self._image_session = self._session(self.path / m.image.file, image=True)
+
+    def _load_text_tower(self, precision: str) -> None:
+        m = self.manifest
         precision = resolve_precision(m, precision, gpu=self.on_gpu)
         if precision == "int8" and m.text_int8 is None:
             raise BundleError(f"bundle {self.path} has no int8 text tower (export it with --int8)")
@@ -159,17 +187,9 @@ class Encoder:
             raise BundleError(f"bundle {self.path} has no fp16 text tower (write one with `paraseek models fp16`)")
         self.precision = precision
         text_spec: TowerSpec = {"int8": m.text_int8, "fp16": m.text_fp16}.get(precision) or m.text
-        self.tokenizer = BundleTokenizer(
-            self.path / m.tokenizer.file, m.max_tokens, m.tokenizer.cleaning, m.tokenizer.pad_id
-        )
         self._text_path = self.path / text_spec.file
-        self._text_session = self._session(self._text_path)
-        self.solo_threads = solo_threads if solo_threads and solo_threads != threads else None
-        self._solo_session = self._session(self._text_path, solo=True) if self.solo_threads else None
         self._text_inputs = list(text_spec.input_names)
-        self._image_session = None
-        if load_image and m.image is not None:
-            self._image_session = self._session(self.path / m.image.file, image=True)
+        self._text_session = self._session(self._text_path)
 
     # -- properties -------------------------------------------------------------------------
     @property

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     # >= 0.99) and loses at most 0.5 point of AO@10 and T2I R@10 (measured at export); on a GPU (CUDA or
     # TensorRT provider): the fp16 tower where its cosine to fp32 is >= 0.999 everywhere; else fp32
     precision: str = Field("auto", pattern="^(auto|fp32|fp16|int8)$")
+    providers: str | None = Field(
+        None, pattern=r"^[A-Za-z]+( *, *[A-Za-z]+)*$", description="onnxruntime execution providers in order, comma "
+        "separated: cuda, tensorrt, cpu or onnxruntime's full names (default: TensorRT where installed, CUDA, CPU, as "
+        "onnxruntime offers them); `cpu` keeps a GPU host's encoder on its CPU cores")
     encoder_threads: int | None = Field(None, ge=1, description="intra-op threads per call (default: cores / workers)")
     encoder_workers: int | None = Field(None, ge=1, le=64, description="encoder calls at once (default: 2 on 2+ cores)")
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from paraseek.core.bundle import read_manifest
 from paraseek.core.cli_support import console, err, user_errors
-from paraseek.core.encoder import Encoder
+from paraseek.core.encoder import Encoder, provider_names
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
@@ -29,7 +29,9 @@ app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_
 
 def load_encoder(bundle: Path | None, threads: int | None = None, precision: str = "fp32") -> Encoder:
     """The given bundle, else the configured one (PARASEEK_BUNDLE, default: the starter)."""
-    return Encoder(bundle or Settings().bundle_dir, threads=threads, precision=precision)
+    settings = Settings()
+    return Encoder(bundle or settings.bundle_dir, threads=threads, precision=precision,
+                   providers=provider_names(settings.providers))
 
 
 def load_snapshot(root: Path | None, encoder: Encoder, threads: int | None = None) -> Snapshot:

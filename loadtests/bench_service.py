@@ -238,13 +238,20 @@ def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: 
     shard.unlink()
 
 
+def providers() -> list[str]:
+    """The execution providers the service would run on here (PARASEEK_PROVIDERS, else its default)."""
+    from paraseek.core.encoder import choose_providers, provider_names
+
+    return choose_providers(provider_names(Settings().providers))
+
+
 def serving_precisions(bundle: Path) -> list[str]:
     """fp32 and what ``auto`` serves on this machine's execution provider, where that is another (int8
     on CPU, fp16 on a GPU), in that order."""
     from paraseek.core.bundle import resolve_precision
-    from paraseek.core.encoder import GPU_PROVIDERS, choose_providers
+    from paraseek.core.encoder import GPU_PROVIDERS
 
-    served = resolve_precision(read_manifest(bundle, verify=False), "auto", gpu=choose_providers()[0] in GPU_PROVIDERS)
+    served = resolve_precision(read_manifest(bundle, verify=False), "auto", gpu=providers()[0] in GPU_PROVIDERS)
     return ["fp32"] if served == "fp32" else ["fp32", served]
 
 
@@ -302,7 +309,7 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
     out: dict = {}
     encoders = {}
     for precision in precisions:
-        enc = encoders[precision] = Encoder(bundle, precision=precision, load_image=False)
+        enc = encoders[precision] = Encoder(bundle, precision=precision, load_image=False, providers=providers())
         b1, _ = _median_rate(lambda enc=enc, step=iter(range(10**9)): enc.encode_text([texts[next(step) % len(texts)]],
                                                                                     batch_size=1), 1)
         _, e = _median_rate(lambda enc=enc: enc.encode_text(texts[:32], batch_size=32), 32)
@@ -415,7 +422,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                               f"{conc:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:7.1f} {ceiling:7.1f} "
                               f"{r['qps'] / ceiling:6.2f} {r['qps'] / ceiling_layout:6.2f} {r['failures']:>4}", flush=True)
                     if snap is not None and batching and 1 in args.concurrency:
-                        check = latency_check(url, Encoder(bundle, precision=precision, load_image=False),
+                        check = latency_check(url, Encoder(bundle, precision=precision, load_image=False, providers=providers()),
                                               load_encoder(bundle, Settings(precision=precision)), snap,
                                               queries_of(snap.manifest.dim)[:1], plain, rounds=args.latency_rounds)
                         results.append({"bundle": bundle_name, "precision": precision, "latency_check": check,
@@ -475,7 +482,8 @@ def main(argv=None) -> int:
 
     if args.bundle is not None:
         read_manifest(args.bundle, verify=False)  # a clear error before anything is built
-    print(f"machine: {cpu_description()}\naccelerators: {gpu_description()}", flush=True)
+    print(f"machine: {cpu_description()}\naccelerators: {gpu_description()}\nencoder runs on: "
+          f"{', '.join(p.removesuffix('ExecutionProvider') for p in providers())}", flush=True)
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
     # another checkout builds its own, in its own format; a given bundle serves the scale section alone
     if args.server_checkout is None and not (args.skip_demo and args.bundle is not None):

@@ -1,0 +1,16 @@
+"""The service's encoder is built from the settings: PARASEEK_PROVIDERS decides where it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraseek.core.bundle import BundleError
+from paraseek.core.settings import Settings
+from paraseek.service.runtime import default_text_batch, load_encoder
+
+
+def test_providers_setting_places_the_encoder(starter_bundle):
+    enc = load_encoder(starter_bundle, Settings(providers="cpu"))
+    assert enc.providers == ["CPUExecutionProvider"] and default_text_batch(enc) == 8
+    with pytest.raises(BundleError, match="CUDAExecutionProvider"):  # this onnxruntime has no CUDA provider
+        load_encoder(starter_bundle, Settings(providers="cuda,cpu"))
