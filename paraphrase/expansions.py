@@ -34,6 +34,7 @@ class ExpansionParams:
     m: int = 5  # prf: top images fed back
     alpha: float = 1.0  # prf: weight of the query
     beta: float = 1.0  # prf: weight of the feedback
+    rounds: int = 1  # bank: how many times the query moves to its neighbours' mean (a mean shift)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class ExpansionMethod(ABC):
     kind: ClassVar[Literal["rewrites", "vectors"]]
     fusions: ClassVar[tuple[str, ...]] = ("mean",)
     max_n: ClassVar[int] = 64
+    max_rounds: ClassVar[int] = 1
 
     def check(self, p: ExpansionParams) -> None:
         """Raises ``ValueError`` (the request's 422) when ``p`` does not fit this method."""
@@ -110,6 +112,9 @@ class ExpansionMethod(ABC):
             raise ValueError(f"fusion {p.fusion!r} does not apply to {self.name} (use {' or '.join(self.fusions)})")
         if p.n > self.max_n:
             raise ValueError(f"{self.name}: n is at most {self.max_n}")
+        if not 1 <= p.rounds <= self.max_rounds:
+            raise ValueError(f"{self.name}: rounds must be 1" if self.max_rounds == 1
+                             else f"{self.name}: rounds is 1 to {self.max_rounds}")
 
     @abstractmethod
     def from_spec(self, args: list[str]) -> ExpansionParams:
@@ -147,21 +152,32 @@ class VectorExpansion(ExpansionMethod):
 
 
 class BankExpansion(VectorExpansion):
+    """The query moved to the mean of itself and its n nearest bank captions; with ``rounds`` > 1 the
+    moved query looks up its own neighbours and moves again (a mean shift toward the densest nearby
+    captions), so two rephrasings of one request end nearer each other. Robust starter, dev pairs, 64
+    neighbours, no keep_first: AO@10 0.883 after one round, 0.902 after two, 0.908 after three
+    (loadtests/results/eval_keep_first.md)."""
+
     name = "bank"
     label = "caption bank"
     fusions = FUSIONS
-    spec_help = "bank:N[:mean|weighted]"
+    max_rounds = 4
+    spec_help = "bank:N[:mean|weighted[:ROUNDS]]"
 
     async def expand(self, queries, p, lookups):
         bank = await lookups.caption_bank()
-        rows, sims = await lookups.bank_neighbours(bank, queries, p.n)
-        return bank.fuse(queries, rows, sims, p.fusion), bank.texts_of(rows[0])
+        moved = queries
+        for _ in range(p.rounds):
+            rows, sims = await lookups.bank_neighbours(bank, moved, p.n)
+            moved = bank.fuse(moved, rows, sims, p.fusion)
+        return moved, bank.texts_of(rows[0])
 
     def from_spec(self, args):
-        return ExpansionParams(n=spec_number(args, 0, 30, int), fusion=args[1] if len(args) > 1 else "mean")
+        return ExpansionParams(n=spec_number(args, 0, 30, int), fusion=args[1] if len(args) > 1 else "mean",
+                               rounds=spec_number(args, 2, 1, int))
 
     def spec_label(self, p):
-        return f"bank{p.n}-{p.fusion}"
+        return f"bank{p.n}-{p.fusion}" + (f"-x{p.rounds}" if p.rounds > 1 else "")
 
 
 class FeedbackExpansion(VectorExpansion):

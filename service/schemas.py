@@ -83,6 +83,9 @@ class Expansion(StrictModel):
     m: StrictInt = Field(5, ge=1, le=100, description="prf: how many top images feed back")
     alpha: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the query")
     beta: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the mean of the top images")
+    rounds: StrictInt = Field(
+        1, ge=1, le=4, description="bank: how many times the query moves to the mean of its neighbours; each round "
+        "looks up the moved query's neighbours (a mean shift: rephrasings end nearer each other)")
     keep_first: StrictInt = Field(
         0, ge=0, le=10, description="the unexpanded query's first results that stay first; the expansion orders the "
         "rest (expansion steadies the list under rephrasing and blurs the first answer: keep_first 1 keeps both)")
@@ -106,7 +109,8 @@ class Expansion(StrictModel):
         return self
 
     def params(self) -> ExpansionParams:
-        return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta)
+        return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta,
+                               rounds=self.rounds)
 
 
 class Consistency(StrictModel):

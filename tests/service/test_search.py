@@ -408,6 +408,36 @@ def test_bank_expansion_equals_the_hand_computation(make_settings, starter_bank,
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
 
 
+def test_bank_rounds_move_the_moved_query_again(make_settings, starter_bank, direct):
+    """rounds 2: the once-moved query looks up its own 7 neighbours and takes their mean with them; the
+    expansions shown are the last round's neighbours. rounds only applies to the bank, 1 to 4."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    enc, snap = direct
+
+    def moved(q):
+        top = np.argsort(-(starter_bank.vectors @ q))[:7]
+        m = (q + starter_bank.vectors[top].sum(axis=0)) / 8
+        return m / np.linalg.norm(m), top
+
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+        r = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "bank", "n": 7, "rounds": 2}})
+        assert r.status_code == 200, r.text
+        once, _ = moved(enc.encode_text(["a dog on a beach"])[0])
+        twice, last = moved(once)
+        _, ids = snap.search_ids(twice[None], 10)
+        assert [x["id"] for x in r.json()["results"]] == ids[0].tolist()
+        assert r.json()["expansions"] == [starter_bank.texts[i] for i in last]
+        one = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "bank", "n": 7}}).json()
+        assert one["results"] != r.json()["results"]  # the second round moved the list
+        for bad in ({"method": "bank", "rounds": 5}, {"method": "bank", "rounds": 0}, {"method": "prf", "rounds": 2}):
+            r = c.post("/v1/search", json={"query": "a dog", "expansion": bad})
+            assert r.status_code == 422, bad
+            assert r.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
+
+
 def test_prf_equals_the_hand_computation(client, direct):
     enc, snap = direct
     r = client.post("/v1/search", json={"query": "a red bus", "k": 10,
@@ -687,8 +717,8 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
 
 
-@pytest.mark.parametrize("starter, within", [("robust", 5), ("plain", 0)])
-def test_the_embedded_default_expansion_keeps_the_first_answer(starter, within, make_settings, starter_bank):
+@pytest.mark.parametrize("starter, n, rounds, within", [("robust", 64, 3, 7), ("plain", 30, 1, 0)])
+def test_the_embedded_default_expansion_keeps_the_first_answer(starter, n, rounds, within, make_settings, starter_bank):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the
     server applies it when a request names none."""
     from fastapi.testclient import TestClient
@@ -699,7 +729,8 @@ def test_the_embedded_default_expansion_keeps_the_first_answer(starter, within, 
 
     settings = with_default_expansion(make_settings(starter=starter, caption_bank=starter_bank.path))
     expansion = Expansion.model_validate_json(settings.default_expansion)
-    assert (expansion.method, expansion.n, expansion.keep_first, expansion.keep_within) == ("bank", 30, 1, within)
+    assert (expansion.method, expansion.n, expansion.rounds, expansion.keep_first, expansion.keep_within) == \
+        ("bank", n, rounds, 1, within)
     with TestClient(create_app(settings)) as c:
         default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
         explicit = c.post("/v1/search", json={"query": "a kitchen with a stove",
