@@ -90,6 +90,9 @@ class ObjectiveSpec(Strict):
         "that embedding expanded by its nearest training captions as caption-bank expansion does ('bank': the tower "
         "learns the expansion, so a query needs no expansion at serving time)")
     anchor_bank_n: int = Field(30, ge=1, description="neighbours of a 'bank' anchor target (eq. 5 mean)")
+    anchor_bank_rounds: int = Field(
+        1, ge=1, le=4, description="rounds of a 'bank' anchor target's expansion: each moves the expanded embedding "
+        "to the mean with its own nearest captions again (the mean shift of a bank expansion's `rounds`)")
     anchor_bank_leave_own_out: bool = Field(
         False, description="a 'bank' anchor target leaves out the bank captions of the text's own paraphrase set "
         "(its photo's other captions), as a query's own rephrasings are not in the bank when it is served")

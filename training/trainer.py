@@ -138,7 +138,7 @@ class AnchorTargets:
 
     @classmethod
     def expanded(cls, frozen: TextTower, data: TrainingData, n: int, run_dir: Path, batch: int = 256,
-                 bank_path: Path | None = None, leave_own_out: bool = False) -> AnchorTargets:
+                 bank_path: Path | None = None, leave_own_out: bool = False, rounds: int = 1) -> AnchorTargets:
         groups = data.captions + (data.text_groups or [])
         captions = list(dict.fromkeys(c for group in groups for c in group))
         rewrites = [r for pair in data.rewrites.values() for r in pair if r]
@@ -151,7 +151,7 @@ class AnchorTargets:
         # the frozen tower's weights are part of the key: a run directory (or a sweep's shared targets)
         # reused for another starting tower must not hand it the first tower's targets
         source += f" tower {tower_digest(frozen)}"
-        cache = run_dir / f"anchor-targets-bank{n}{'-own-out' if leave_own_out else ''}.npz"
+        cache = run_dir / f"anchor-targets-bank{n}{'-own-out' if leave_own_out else ''}{f'-x{rounds}' if rounds > 1 else ''}.npz"
         if cache.is_file():
             with np.load(cache, allow_pickle=False) as z:
                 if z["texts"].tolist() == texts and "bank" in z.files and str(z["bank"]) == source:
@@ -162,6 +162,8 @@ class AnchorTargets:
             vectors = _expand_leaving_own_out(bank, groups, data.rewrites, texts, plain, n)
         else:
             vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
+        for _ in range(rounds - 1):  # the moved embeddings look up their own neighbours (a mean shift)
+            vectors = np.concatenate([bank.expand(vectors[i:i + 2048], n) for i in range(0, len(texts), 2048)])
         np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32), plain=plain.astype(np.float32),
                  bank=np.array(source))
         return cls(texts, vectors, plain)
@@ -227,7 +229,8 @@ class Trainer:
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         bank_path = resolve_data_path(o.anchor_bank) if o.anchor_bank else None
         self.anchor_targets = (AnchorTargets.expanded(self.original, self.data, o.anchor_bank_n, self.run_dir, bank_path=bank_path,
-                                                      leave_own_out=o.anchor_bank_leave_own_out)
+                                                      leave_own_out=o.anchor_bank_leave_own_out,
+                                                      rounds=o.anchor_bank_rounds)
                                if self.original is not None and o.anchor_weight > 0 and o.anchor_target == "bank" else None)
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")

@@ -1,10 +1,18 @@
-"""Bank anchor targets that leave a text's own paraphrase set out of its neighbours."""
+"""Bank anchor targets: a text's own paraphrase set left out of its neighbours, rounds of the mean shift,
+and the cache that keeps them per starting tower."""
 
 import numpy as np
+import pytest
 
 from paraseek.core.query_vectors import mean_fusion
 from paraseek.paraphrase.caption_bank import CaptionBank
 from paraseek.training.trainer import _expand_leaving_own_out
+
+
+@pytest.fixture(autouse=True)
+def _nltk(shared_data, monkeypatch):
+    # the robust recipe holds WordNet sentences in place (objective.preserve_texts)
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
 
 
 def _unit(rows):
@@ -59,3 +67,13 @@ def test_cached_targets_belong_to_the_tower_that_made_them(shared_data, starter_
     (tmp_path / "run2").mkdir()
     same = AnchorTargets.expanded(trainer.tower, trainer.data, spec.objective.anchor_bank_n, tmp_path / "run2")
     np.testing.assert_allclose(same.vectors.numpy(), first.vectors.numpy(), atol=1e-6)  # same tower: same targets
+    # two rounds: the once-expanded targets expanded again by the same bank (cached apart from one round's)
+    twice = AnchorTargets.expanded(trainer.tower, trainer.data, spec.objective.anchor_bank_n, tmp_path / "run2", rounds=2)
+    groups = trainer.data.captions + (trainer.data.text_groups or [])
+    captions = list(dict.fromkeys(c for group in groups for c in group))
+    bank = CaptionBank.in_memory(captions, same.plain_of(captions).numpy())
+    expected = bank.expand(same.vectors.numpy(), spec.objective.anchor_bank_n)
+    np.testing.assert_allclose(twice.vectors.numpy(), expected, atol=1e-5)
+    assert not np.allclose(twice.vectors.numpy(), same.vectors.numpy(), atol=1e-3)
+    assert sorted(p.name for p in (tmp_path / "run2").glob("anchor-targets-*.npz")) == [
+        f"anchor-targets-bank{spec.objective.anchor_bank_n}-x2.npz", f"anchor-targets-bank{spec.objective.anchor_bank_n}.npz"]
