@@ -72,6 +72,12 @@ def provider_names(spec: str | None) -> list[str] | None:
     return [_SHORT_NAMES.get(name.strip().lower(), name.strip()) for name in spec.split(",") if name.strip()]
 
 
+def configured_providers(spec: str | None) -> list[str]:
+    """The providers a ``PARASEEK_PROVIDERS`` value (``Settings.providers``) places an encoder on: those it
+    names, checked against this onnxruntime, else the default order."""
+    return choose_providers(provider_names(spec))
+
+
 def choose_providers(requested: Sequence[str] | None = None) -> list[str]:
     """Execution providers to use: the requested ones, else GPU ones when present, then CPU."""
     import onnxruntime as ort

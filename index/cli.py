@@ -14,7 +14,7 @@ from rich.table import Table
 
 from paraseek.core.bundle import read_manifest
 from paraseek.core.cli_support import console, err, user_errors
-from paraseek.core.encoder import Encoder, provider_names
+from paraseek.core.encoder import Encoder, configured_providers
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
@@ -31,7 +31,7 @@ def load_encoder(bundle: Path | None, threads: int | None = None, precision: str
     """The given bundle, else the configured one (PARASEEK_BUNDLE, default: the starter)."""
     settings = Settings()
     return Encoder(bundle or settings.bundle_dir, threads=threads, precision=precision,
-                   providers=provider_names(settings.providers))
+                   providers=configured_providers(settings.providers))
 
 
 def load_snapshot(root: Path | None, encoder: Encoder, threads: int | None = None) -> Snapshot:

@@ -240,9 +240,9 @@ def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: 
 
 def providers() -> list[str]:
     """The execution providers the service would run on here (PARASEEK_PROVIDERS, else its default)."""
-    from paraseek.core.encoder import choose_providers, provider_names
+    from paraseek.core.encoder import configured_providers
 
-    return choose_providers(provider_names(Settings().providers))
+    return configured_providers(Settings().providers)
 
 
 def serving_precisions(bundle: Path) -> list[str]:

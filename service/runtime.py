@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from paraseek.core.encoder import Encoder, choose_providers, provider_names
+from paraseek.core.encoder import Encoder, configured_providers
 from paraseek.core.settings import Settings
 from paraseek.index.store import SearchableSnapshot, SnapshotStore
 from paraseek.index.versions import SnapshotError
@@ -46,7 +46,7 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
     for calls that run alone (see ``LoneCallGate``)."""
     cores = os.cpu_count() or 1
     threads = settings.encoder_threads or max(1, cores // encoder_workers(settings))
-    providers = choose_providers(provider_names(settings.providers))
+    providers = configured_providers(settings.providers)
     solo = settings.encoder_solo and threads < cores and providers == ["CPUExecutionProvider"]
     return Encoder(bundle, precision=precision or settings.precision, providers=providers, threads=threads,
                    solo_threads=cores if solo else None,

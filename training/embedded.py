@@ -31,11 +31,12 @@ STARTER_MISSING = (
 )
 
 
-def on_gpu_host() -> bool:
-    """Whether onnxruntime offers a GPU execution provider here (onnxruntime-gpu and a device)."""
-    from paraseek.core.encoder import GPU_PROVIDERS, choose_providers
+def on_gpu_host(settings: Settings) -> bool:
+    """Whether the encoder would run on a GPU execution provider here (onnxruntime-gpu, and
+    PARASEEK_PROVIDERS not keeping it on the CPU)."""
+    from paraseek.core.encoder import GPU_PROVIDERS, configured_providers
 
-    return bool(GPU_PROVIDERS.intersection(choose_providers()))
+    return bool(GPU_PROVIDERS.intersection(configured_providers(settings.providers)))
 
 
 def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress: bool = True,
@@ -51,7 +52,7 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
             raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
         log.warning("building the %s starter bundle in %s ...", settings.starter, bundle)
         build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None)
-    if on_gpu_host() and read_manifest(bundle, verify=False).text_fp16 is None:
+    if on_gpu_host(settings) and read_manifest(bundle, verify=False).text_fp16 is None:
         # what `auto` serves on a GPU; a bundle built on a CPU host gets it at its first GPU start
         from paraseek.core.demo import demo_captions
         from paraseek.training.export.fp16 import half_text_tower

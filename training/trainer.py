@@ -158,12 +158,12 @@ class AnchorTargets:
                     return cls(texts, z["vectors"], z["plain"])
         plain = frozen.embed(texts, batch, desc="anchor targets")
         bank = given or CaptionBank.in_memory(captions, plain[: len(captions)])
-        if leave_own_out:
-            vectors = _expand_leaving_own_out(bank, groups, data.rewrites, texts, plain, n)
-        else:
-            vectors = np.concatenate([bank.expand(plain[i:i + 2048], n) for i in range(0, len(texts), 2048)])
+        def expand(rows: np.ndarray) -> np.ndarray:
+            return np.concatenate([bank.expand(rows[i:i + 2048], n) for i in range(0, len(rows), 2048)])
+
+        vectors = _expand_leaving_own_out(bank, groups, data.rewrites, texts, plain, n) if leave_own_out else expand(plain)
         for _ in range(rounds - 1):  # the moved embeddings look up their own neighbours (a mean shift)
-            vectors = np.concatenate([bank.expand(vectors[i:i + 2048], n) for i in range(0, len(texts), 2048)])
+            vectors = expand(vectors)
         np.savez(cache, texts=np.array(texts), vectors=vectors.astype(np.float32), plain=plain.astype(np.float32),
                  bank=np.array(source))
         return cls(texts, vectors, plain)

@@ -94,11 +94,11 @@ def test_the_embedded_default_gets_its_fp16_tower_on_a_gpu_host_only(starter_bun
 
     settings = Settings(home=tmp_path / "home", starter="plain")
     shutil.copytree(starter_bundle, settings.starter_bundle_dir)  # as built at an earlier (CPU) start
-    monkeypatch.setattr(embedded, "on_gpu_host", lambda: False)
+    monkeypatch.setattr(embedded, "on_gpu_host", lambda settings: False)
     bundle, _ = embedded.ensure_embedded_default(settings, progress=False, with_bank=False)
     assert read_manifest(bundle).text_fp16 is None and not (bundle / "text.fp16.onnx").exists()
 
-    monkeypatch.setattr(embedded, "on_gpu_host", lambda: True)
+    monkeypatch.setattr(embedded, "on_gpu_host", lambda settings: True)
     embedded.ensure_embedded_default(settings, progress=False, with_bank=False)
     written = read_manifest(bundle).text_fp16
     assert written is not None and written.qualifies()[0]

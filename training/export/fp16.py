@@ -19,9 +19,9 @@ def half_text_tower(bundle_dir: str | Path, calibration_texts: Sequence[str]) ->
     """Write ``text.fp16.onnx`` beside ``text.onnx`` and record it in the manifest.
 
     Weights and activations in fp16, inputs and outputs as the fp32 tower's (token ids in, float32
-    embeddings out), so the runtime feeds and reads both the same way. ``calibration_texts`` measure the cosine to fp32 that ``auto`` precision reads
-    (on CPU, where onnxruntime computes fp16 operators in fp32, that isolates the weight rounding; a
-    GPU computes in fp16 and agrees a little less).
+    embeddings out), so the runtime feeds and reads both the same way. ``calibration_texts`` measure the
+    cosine to fp32 that ``auto`` precision reads (on CPU, where onnxruntime computes fp16 operators in
+    fp32, that isolates the weight rounding; a GPU computes in fp16 and agrees a little less).
     """
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
