@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -155,10 +158,44 @@ def gpu_count() -> int:
     return int(get()) if get else 0
 
 
+# One exact search on the GPUs, run in a child process by ``gpu_search_works``.
+GPU_PROBE = """
+import faiss, numpy as np
+queries = np.eye(8, dtype="float32")
+index = faiss.index_cpu_to_all_gpus(faiss.IndexFlatIP(8))
+index.add(queries)
+_, found = index.search(queries[:3], 1)
+assert found[:, 0].tolist() == [0, 1, 2], found
+"""
+
+
+@functools.cache
+def gpu_search_works(timeout_s: float = 300.0) -> bool:
+    """Whether a search on the GPUs FAISS sees runs, tried once per process in a child process.
+
+    faiss checks its CUDA calls with assertions that abort() the process, so a GPU its build has no
+    kernels for would kill the server at its first search, not raise. The PyPI faiss-gpu-cu12 wheel
+    carries machine code for compute capability 7.0 and 8.x only (sm_70, sm_80, no PTX to compile for
+    another): on an H100/H200 (9.0) or a Blackwell GPU its kernels cannot launch."""
+    try:
+        done = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("FAISS GPU search: the test search did not finish in %.0f s; searching on CPU", timeout_s)
+        return False
+    if done.returncode != 0:
+        detail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        log.warning("FAISS sees %d GPUs, but a search on them failed in a test process (exit %d: %s); searching on "
+                    "CPU. faiss-gpu wheels from PyPI run on compute capability 7.0-8.9 only: for another GPU, "
+                    "build faiss with its architecture", gpu_count(), done.returncode, detail)
+        return False
+    return True
+
+
 def to_search_device(index: faiss.Index, spec: IndexSpec, use_gpu: bool | None = None) -> tuple[faiss.Index, str]:
-    """Move flat/IVF indexes to the GPUs FAISS sees (HNSW has no GPU version); else stay on CPU."""
+    """Move flat/IVF indexes to the GPUs FAISS sees (HNSW has no GPU version), where a test search
+    on them works (``gpu_search_works``); else stay on CPU."""
     want = gpu_count() > 0 if use_gpu is None else use_gpu
-    if want and spec.type != "hnsw" and gpu_count() > 0:
+    if want and spec.type != "hnsw" and gpu_count() > 0 and gpu_search_works():
         try:
             return faiss.index_cpu_to_all_gpus(index), "gpu"
         except Exception as exc:  # a GPU build without usable devices: keep serving on CPU

@@ -34,7 +34,7 @@ def gpu_description() -> str:
 
     import onnxruntime as ort
 
-    from paraseek.index.faiss_index import gpu_count
+    from paraseek.index.faiss_index import gpu_count, gpu_search_works
 
     gpus = "no nvidia-smi"
     if shutil.which("nvidia-smi"):
@@ -42,4 +42,7 @@ def gpu_description() -> str:
                              capture_output=True, text=True, timeout=30)
         gpus = "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or "none listed"
     providers = [p.removesuffix("ExecutionProvider") for p in ort.get_available_providers()]
-    return f"GPUs: {gpus}; onnxruntime {ort.__version__} providers: {', '.join(providers)}; faiss GPUs: {gpu_count()}"
+    faiss_gpus = gpu_count()
+    searchable = "" if not faiss_gpus else " (searches on them work)" if gpu_search_works() else " (a search on them fails: CPU)"
+    return (f"GPUs: {gpus}; onnxruntime {ort.__version__} providers: {', '.join(providers)}; "
+            f"faiss GPUs: {faiss_gpus}{searchable}")
