@@ -221,7 +221,7 @@ class MilvusStore(SnapshotStore):
                 self.client.create_alias(name, self.alias)
 
     def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
-             verify: bool = True, rehash: bool = False) -> MilvusSnapshot:
+             verify: bool = True, rehash: bool = False, use_gpu: bool | None = None) -> MilvusSnapshot:
         # the server holds the vectors: ``verify`` compares its count with the manifest's; no files to hash
         try:
             manifest = self.manifest(version)

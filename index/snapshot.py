@@ -45,6 +45,8 @@ from paraseek.index.faiss_index import (
     to_search_device,
 )
 from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
+from paraseek.index.gpu_scan import MAX_K as SCAN_MAX_K
+from paraseek.index.gpu_scan import ExactScan, exact_scan_for
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError
 from paraseek.index.recall import build_faiss_index, measure_recall
 from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
@@ -266,7 +268,7 @@ class Snapshot(SearchableSnapshot):
     """A loaded, verified FAISS snapshot, ready to search."""
 
     def __init__(self, version_dir: Path, manifest: SnapshotManifest, index, ids: np.ndarray, metadata: MetadataFile,
-                 device: str, memory_mapped: bool = False):
+                 device: str, memory_mapped: bool = False, scan: ExactScan | None = None):
         self.path = version_dir
         self.manifest = manifest
         self.index = index
@@ -283,6 +285,7 @@ class Snapshot(SearchableSnapshot):
         self._user_fields: list[str] | None = None
         # a view of the flat index's own memory, for scans split among threads (no copy)
         self._flat = flat_rows(index) if manifest.index.exact and device == "cpu" else None
+        self._scan = scan  # exact search on a GPU through onnxruntime (``gpu_scan``), where one took the rows
 
     @classmethod
     def load(
@@ -316,6 +319,11 @@ class Snapshot(SearchableSnapshot):
                                  faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0)
         apply_search_params(index, manifest.index)
         index, device = to_search_device(index, manifest.index, use_gpu)
+        # a flat index faiss cannot search on the GPU (a Hopper card and PyPI's faiss-gpu): onnxruntime may
+        scan = exact_scan_for(flat_rows(index) if manifest.index.exact and device == "cpu" else None, use_gpu)
+        if scan is not None and scan.on_gpu:
+            device = "gpu"
+            log.info("snapshot %s: exact search on the GPU through onnxruntime (%s)", version_dir.name, scan.provider)
         # read-only memory map, as the lists and vectors.npy: 8 bytes a vector of page cache, not private memory
         ids = np.load(version_dir / "ids.npy", mmap_mode="r" if mapped else None)
         if index.ntotal != len(ids):
@@ -326,7 +334,7 @@ class Snapshot(SearchableSnapshot):
                 metadata.row(0), metadata.row(len(ids) - 1)
         except (MetadataRowError, ValueError) as exc:
             raise SnapshotError(f"snapshot {version_dir}: index, ids and metadata disagree: {exc}") from exc
-        return cls(version_dir, manifest, index, ids, metadata, device, memory_mapped=mapped and device == "cpu")
+        return cls(version_dir, manifest, index, ids, metadata, device, memory_mapped=mapped and device == "cpu", scan=scan)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -342,6 +350,9 @@ class Snapshot(SearchableSnapshot):
         queries = self.check_queries(queries)
         spec = self.manifest.index
         k = min(int(k), len(self.ids))
+        if self._scan is not None and k <= SCAN_MAX_K:
+            scores, positions = self._scan.search(queries, k)
+            return scores, self.ids[positions]
         parts = search_threads()
         if self._flat is not None and parts > 1 and len(queries) < BLAS_MIN_QUERIES and len(self._flat) >= SPLIT_SCAN_MIN_ROWS:
             scores, numbers = split_scan(self._flat, queries, k, parts)
@@ -439,9 +450,9 @@ class FaissStore(SnapshotStore):
         return read_snapshot_manifest(resolve(self.root if version is None else self.root / VERSIONS / version))
 
     def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
-             verify: bool = True, rehash: bool = False) -> Snapshot:
+             verify: bool = True, rehash: bool = False, use_gpu: bool | None = None) -> Snapshot:
         return Snapshot.load(self.root if version is None else self.root / VERSIONS / version, image_space=image_space,
-                             threads=threads, verify=verify, memory_map=self.memory_map, rehash=rehash)
+                             threads=threads, verify=verify, memory_map=self.memory_map, rehash=rehash, use_gpu=use_gpu)
 
     def activate(self, version: str) -> None:
         activate_version(self.root, version)

@@ -191,10 +191,11 @@ class SnapshotStore(ABC):
 
     @abstractmethod
     def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
-             verify: bool = True, rehash: bool = False) -> SearchableSnapshot:
+             verify: bool = True, rehash: bool = False, use_gpu: bool | None = None) -> SearchableSnapshot:
         """A published version (default: the current one), refused when built in another image space;
         ``verify``: checked against its checksums (``rehash``: every file hashed again, not only those
-        changed since they were last verified)."""
+        changed since they were last verified); ``use_gpu``: search on a GPU (None: where one is usable;
+        backends whose server searches ignore it)."""
 
     @abstractmethod
     def activate(self, version: str) -> None:

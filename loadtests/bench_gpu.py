@@ -75,8 +75,10 @@ def encoder_rows(bundle: Path, texts: list[str], budget_s: float, batches: tuple
 
 
 def index_rows(dim: int, sizes: list[int], data: Path, budget_s: float) -> list[dict]:
-    """Flat and IVF (nlist 4 sqrt(n), nprobe 32) at each size, on CPU and on faiss' GPUs where it sees any."""
+    """Flat and IVF (nlist 4 sqrt(n), nprobe 32) at each size, on CPU and on faiss' GPUs where it sees any;
+    flat also as onnxruntime's exact scan on the GPU (``index.gpu_scan``) where onnxruntime has CUDA."""
     from paraseek.index.faiss_index import IndexSpec, apply_search_params, create_index, gpu_count, set_threads, to_search_device
+    from paraseek.index.gpu_scan import ExactScan, gpu_provider
     from paraseek.loadtests.bench_index import synthetic_collection
     from paraseek.loadtests.bench_service import synthetic_space
 
@@ -99,6 +101,9 @@ def index_rows(dim: int, sizes: list[int], data: Path, budget_s: float) -> list[
                 gpu, where = to_search_device(cpu, spec, use_gpu=True)
                 if where == "gpu":
                     devices.append(("gpu", gpu))
+            provider = gpu_provider()
+            if kind == "flat" and provider is not None:  # what a flat snapshot serves where faiss cannot use the GPU
+                devices.append(("gpu-onnxruntime", ExactScan(vectors, provider)))
             for device, index in devices:
                 found = index.search(queries, 10)[1]
                 if kind == "flat" and device == "cpu":
@@ -115,7 +120,7 @@ def index_rows(dim: int, sizes: list[int], data: Path, budget_s: float) -> list[
                     seconds = median_seconds(call, budget_s)
                     row[f"b{batch}_ms"], row[f"b{batch}_per_s"] = seconds * 1000, batch / seconds
                 rows.append(row)
-                print(f"{n:>10} {kind:9} {device:4} {row['b1_ms']:9.3f} {row['b64_per_s']:10.0f} "
+                print(f"{n:>10} {kind:9} {device:15} {row['b1_ms']:9.3f} {row['b64_per_s']:10.0f} "
                       f"{'' if recall is None else f'{recall:.3f}'}", flush=True)
         del vectors
     return rows
@@ -134,9 +139,9 @@ def ratios(enc: list[dict], idx: list[dict]) -> list[str]:
                          f"{r[f'b{top}_per_s'] / c[f'b{top}_per_s']:.1f}x the texts/s")
     cpu_idx = {(r["size"], r["index"]): r for r in idx if r["device"] == "cpu"}
     for r in idx:
-        if r["device"] == "gpu":
+        if r["device"] != "cpu":
             c = cpu_idx[(r["size"], r["index"])]
-            lines.append(f"search {r['index']} {r['size']} GPU / CPU: batch 1 {c['b1_ms'] / r['b1_ms']:.1f}x faster, "
+            lines.append(f"search {r['index']} {r['size']} {r['device']} / cpu: batch 1 {c['b1_ms'] / r['b1_ms']:.1f}x faster, "
                          f"batch 64 {r['b64_per_s'] / c['b64_per_s']:.1f}x the queries/s")
     return lines
 

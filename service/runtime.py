@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from paraseek.core.encoder import Encoder, configured_providers
+from paraseek.core.encoder import GPU_PROVIDERS, Encoder, configured_providers
 from paraseek.core.settings import Settings
 from paraseek.index.store import SearchableSnapshot, SnapshotStore
 from paraseek.index.versions import SnapshotError
@@ -55,8 +55,10 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
 
 def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
     """A version of the configured index backend (default: the current one), checked against the encoder."""
+    # PARASEEK_PROVIDERS naming no GPU provider (e.g. cpu) keeps the search on the CPU too
+    cpu_only = bool(settings.providers) and not GPU_PROVIDERS.intersection(configured_providers(settings.providers))
     return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads,
-                      rehash=settings.snapshot_verify == "always")
+                      rehash=settings.snapshot_verify == "always", use_gpu=False if cpu_only else None)
 
 
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:

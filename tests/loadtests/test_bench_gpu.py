@@ -35,7 +35,9 @@ def test_ratios_compare_the_same_precision_and_index():
            {"provider": "CPU", "precision": "fp16", "b1_ms": 2.0, "b256_per_s": 500.0},
            {"provider": "CPU", "precision": "int8", "b1_ms": 1.5, "b256_per_s": 800.0}]
     idx = [{"size": 10, "index": "flat", "device": "cpu", "b1_ms": 4.0, "b64_per_s": 100.0},
-           {"size": 10, "index": "flat", "device": "gpu", "b1_ms": 1.0, "b64_per_s": 1000.0}]
+           {"size": 10, "index": "flat", "device": "gpu", "b1_ms": 1.0, "b64_per_s": 1000.0},
+           {"size": 10, "index": "flat", "device": "gpu-onnxruntime", "b1_ms": 0.5, "b64_per_s": 400.0}]
     assert bench_gpu.ratios(enc, idx) == [
         "encoder CUDA fp16 / CPU fp16: batch 1 2.0x faster, batch 256 10.0x the texts/s",
-        "search flat 10 GPU / CPU: batch 1 4.0x faster, batch 64 10.0x the queries/s"]
+        "search flat 10 gpu / cpu: batch 1 4.0x faster, batch 64 10.0x the queries/s",
+        "search flat 10 gpu-onnxruntime / cpu: batch 1 8.0x faster, batch 64 4.0x the queries/s"]

@@ -14,3 +14,18 @@ def test_providers_setting_places_the_encoder(starter_bundle):
     assert enc.providers == ["CPUExecutionProvider"] and default_text_batch(enc) == 8
     with pytest.raises(BundleError, match="CUDAExecutionProvider"):  # this onnxruntime has no CUDA provider
         load_encoder(starter_bundle, Settings(providers="cuda,cpu"))
+
+
+def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encoder):
+    from paraseek.service.runtime import load_snapshot
+
+    class Store:
+        def load(self, version, **kwargs):
+            self.kwargs = kwargs
+            return "snapshot"
+
+    store = Store()
+    assert load_snapshot(store, starter_encoder, Settings(providers="cpu")) == "snapshot"
+    assert store.kwargs["use_gpu"] is False
+    load_snapshot(store, starter_encoder, Settings())  # unset: a GPU wherever one is usable
+    assert store.kwargs["use_gpu"] is None
