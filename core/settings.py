@@ -37,7 +37,10 @@ class Settings(BaseSettings):
     providers: str | None = Field(
         None, pattern=r"^[A-Za-z]+( *, *[A-Za-z]+)*$", description="onnxruntime execution providers in order, comma "
         "separated: cuda, tensorrt, cpu or onnxruntime's full names (default: TensorRT where installed, CUDA, CPU, as "
-        "onnxruntime offers them); `cpu` keeps a GPU host's encoder on its CPU cores")
+        "onnxruntime offers them); `cpu` keeps a GPU host's encoder, and its searches, on its CPU cores")
+    search_device: Literal["auto", "cpu"] = Field(
+        "auto", description="where a FAISS snapshot is searched: auto, on a GPU where one is usable (faiss' GPUs, or for a "
+        "flat index onnxruntime's CUDA provider where faiss has no kernels for the card), else the CPU; cpu, always the CPU")
     encoder_threads: int | None = Field(None, ge=1, description="intra-op threads per call (default: cores / workers)")
     encoder_workers: int | None = Field(None, ge=1, le=64, description="encoder calls at once (default: 2 on 2+ cores)")
     encoder_spin: bool = Field(False, description="let onnxruntime threads spin between calls (batch jobs: on)")

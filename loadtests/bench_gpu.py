@@ -19,6 +19,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def index_rows(dim: int, sizes: list[int], data: Path, budget_s: float) -> list[
                 cpu.train(vectors[: min(n, 40 * nlist)])
             cpu.add_with_ids(vectors, ids)
             apply_search_params(cpu, spec)
-            devices = [("cpu", cpu)]
+            devices: list[tuple[str, Any]] = [("cpu", cpu)]  # each with search(queries, k)
             if gpu_count() > 0:
                 gpu, where = to_search_device(cpu, spec, use_gpu=True)
                 if where == "gpu":

@@ -305,6 +305,7 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
     GPU's execution provider where onnxruntime has one)."""
     from paraseek.index.faiss_index import set_threads
     from paraseek.index.snapshot import Snapshot
+    from paraseek.service.runtime import search_gpu
 
     out: dict = {}
     encoders = {}
@@ -314,7 +315,7 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
                                                                                     batch_size=1), 1)
         _, e = _median_rate(lambda enc=enc: enc.encode_text(texts[:32], batch_size=32), 32)
         out[precision] = {"E": e, "enc_b1_ms": b1 * 1000, "E_service": service_layout_rate(bundle, precision, texts)}
-    snap = Snapshot.load(snapshot_root, verify=False)
+    snap = Snapshot.load(snapshot_root, verify=False, use_gpu=search_gpu(Settings()))  # where the server searches
     q = queries_of(snap.manifest.dim)
     # batch 1 as the server searches a lone request's row: on every core (PARASEEK_FAISS_BATCH_THREADS)
     set_threads(os.cpu_count())
@@ -326,7 +327,7 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
     step = iter(range(10**9))
     floor, _ = _median_rate(lambda: snap.search_ids(enc.encode_text([texts[next(step) % len(texts)]], batch_size=1), 10), 1)
     out["floor_precision"] = precisions[-1]
-    out["index"] = {"I": i, "index_b1_ms": i1 * 1000, "recall_at_10": snap.manifest.recall_at_10,
+    out["index"] = {"I": i, "index_b1_ms": i1 * 1000, "recall_at_10": snap.manifest.recall_at_10, "device": snap.device,
                     "type": snap.manifest.index.type, "request_floor_ms": floor * 1000}
     return out
 
@@ -363,7 +364,7 @@ def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, que
 
 def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     from paraseek.index.snapshot import Snapshot
-    from paraseek.service.runtime import load_encoder
+    from paraseek.service.runtime import load_encoder, search_gpu
 
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -397,11 +398,11 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
             print(f"# {bundle_name} {size}: E " + " ".join(f"{p} {c[p]['E']:.0f}/s" for p in precisions)
                   + " (service layout: " + " ".join(f"{p} {c[p]['E_service']:.0f}/s" for p in precisions) + "); "
                   + "encoder b1 " + " ".join(f"{p} {c[p]['enc_b1_ms']:.2f} ms" for p in precisions) + "; "
-                  f"index {ix['type']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; {c['floor_precision']} "
+                  f"index {ix['type']} on {ix['device']} I {ix['I']:.0f}/s, b1 {ix['index_b1_ms']:.2f} ms; {c['floor_precision']} "
                   f"encode+search back to back {ix['request_floor_ms']:.2f} ms"
                   + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
             # the concurrency-1 checks (100K only) search this copy beside the server
-            snap = Snapshot.load(root, verify=False) if size == 100_000 else None
+            snap = Snapshot.load(root, verify=False, use_gpu=search_gpu(Settings())) if size == 100_000 else None
             served = precisions[-1]  # what `auto` serves here: int8 on CPU, fp16 on a GPU, where the bundle has it
             for precision, batching in [(p, True) for p in reversed(precisions)] + [(served, False)]:
                 ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])

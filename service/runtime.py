@@ -53,12 +53,18 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
                    spin=settings.encoder_spin, memory_arena=False)
 
 
+def search_gpu(settings: Settings) -> bool | None:
+    """``use_gpu`` of the snapshots the service loads: False where the settings keep the search on the CPU
+    (PARASEEK_SEARCH_DEVICE=cpu, or PARASEEK_PROVIDERS naming no GPU provider), else None: a GPU where usable."""
+    cpu_only = settings.search_device == "cpu" or (
+        bool(settings.providers) and not GPU_PROVIDERS.intersection(configured_providers(settings.providers)))
+    return False if cpu_only else None
+
+
 def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
     """A version of the configured index backend (default: the current one), checked against the encoder."""
-    # PARASEEK_PROVIDERS naming no GPU provider (e.g. cpu) keeps the search on the CPU too
-    cpu_only = bool(settings.providers) and not GPU_PROVIDERS.intersection(configured_providers(settings.providers))
     return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads,
-                      rehash=settings.snapshot_verify == "always", use_gpu=False if cpu_only else None)
+                      rehash=settings.snapshot_verify == "always", use_gpu=search_gpu(settings))
 
 
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:

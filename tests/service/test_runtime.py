@@ -27,5 +27,7 @@ def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encode
     store = Store()
     assert load_snapshot(store, starter_encoder, Settings(providers="cpu")) == "snapshot"
     assert store.kwargs["use_gpu"] is False
+    load_snapshot(store, starter_encoder, Settings(search_device="cpu"))
+    assert store.kwargs["use_gpu"] is False
     load_snapshot(store, starter_encoder, Settings())  # unset: a GPU wherever one is usable
     assert store.kwargs["use_gpu"] is None
