@@ -80,7 +80,10 @@ class ExactScan:
 
         self.provider = provider
         self.count, self.dim = rows.shape
-        options: dict = {"device_id": device_id, "use_tf32": 0} if provider == "CUDAExecutionProvider" else {}
+        options: dict = {}
+        if provider == "CUDAExecutionProvider":
+            # device 0 is the provider's default: naming it makes onnxruntime 1.31 warn of a missing plugin device
+            options = {"use_tf32": 0} | ({"device_id": device_id} if device_id else {})
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(SCAN_MODEL), sess_options=opts, providers=[(provider, options)])

@@ -200,13 +200,14 @@ def synthetic_space(dim: int, data: Path, seed: int = 0) -> tuple[np.ndarray, np
     return centres, np.ascontiguousarray(queries, np.float32)
 
 
-def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
-    """A snapshot root for this bundle and size, built once and reused by later runs."""
+def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path, index: str = "auto") -> Path:
+    """A snapshot root for this bundle and size, built once and reused by later runs; ``index`` flat: an exact
+    index at any size (a GPU host's exact scan), auto: flat up to 200K, IVF-PQ beyond."""
     from paraseek.index.builder import build_snapshot
     from paraseek.index.demo import build_demo_snapshot
 
     manifest = read_manifest(bundle, verify=False)
-    root = work / "snapshots" / f"{manifest.name}-{size}"
+    root = work / "snapshots" / (f"{manifest.name}-{size}" + ("-flat" if index == "flat" and size > 200_000 else ""))
     if (root / "current").is_file():
         return root
     if size <= 1000:
@@ -216,12 +217,13 @@ def prepare_snapshot(bundle: Path, size: int, work: Path, data: Path) -> Path:
         else:
             build_snapshot(data / "coco-mini" / "captions_val2017.json", encoder, root, progress=False)
         return root
-    build_synthetic_snapshot(root, size, manifest.embedding_dim, work, data, image_space=manifest.image_space,
-                             bundle_name=manifest.name, bundle_version=manifest.version)
+    build_synthetic_snapshot(root, size, manifest.embedding_dim, work, data, exact=index == "flat",
+                             image_space=manifest.image_space, bundle_name=manifest.name, bundle_version=manifest.version)
     return root
 
 
-def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: Path, **manifest) -> None:
+def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: Path, exact: bool = False,
+                             **manifest) -> None:
     """``size`` vectors of bench_index's caption-like mix in ``dim`` dimensions, built into ``root``:
     exact up to 200K (bench_index: flat is fine there), IVF-PQ with refine beyond, tuned for recall 0.95.
     ``manifest``: ``build_snapshot_from_vectors``' image space and bundle fields."""
@@ -232,7 +234,7 @@ def build_synthetic_snapshot(root: Path, size: int, dim: int, work: Path, data: 
     centres, queries = synthetic_space(dim, data)
     shard = work / f"vectors-{dim}-{size}.npy"
     np.save(shard, synthetic_collection(centres, size, np.random.default_rng(size)))
-    spec = IndexSpec(type="flat") if size <= 200_000 else IndexSpec(type="ivf_pq", nlist=int(4 * np.sqrt(size)))
+    spec = IndexSpec(type="flat") if exact or size <= 200_000 else IndexSpec(type="ivf_pq", nlist=int(4 * np.sqrt(size)))
     build_snapshot_from_vectors(shard, root, spec=spec, target_recall=None if spec.exact else 0.95, queries=queries,
                                 progress=False, **manifest)
     shard.unlink()
@@ -392,7 +394,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     for bundle_name, bundle in bundles:
         precisions = tuple(args.precisions or serving_precisions(bundle))
         for size in args.sizes:
-            root = prepare_snapshot(bundle, size, work, args.data)
+            root = prepare_snapshot(bundle, size, work, args.data, args.index)
             c = ceilings(bundle, root, texts, queries_of, precisions)
             ix = c["index"]
             print(f"# {bundle_name} {size}: E " + " ".join(f"{p} {c[p]['E']:.0f}/s" for p in precisions)
@@ -467,6 +469,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=Path, default=None, help="where scale bundles and snapshots are built (reused)")
     p.add_argument("--latency-rounds", type=int, default=5,
                    help="alternating rounds of the concurrency-1 check (budget timings, then a run); medians")
+    p.add_argument("--index", choices=["auto", "flat"], default="auto",
+                   help="scale snapshots: auto (flat up to 200K, IVF-PQ beyond) or flat at every size (a GPU's exact scan)")
     p.add_argument("--skip-demo", action="store_true")
     p.add_argument("--skip-scale", action="store_true")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
