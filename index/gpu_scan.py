@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 SCAN_MODEL = Path(__file__).resolve().parent / "data" / "exact_scan.onnx"
 # TopK is one kernel launch per call over every score; past this k the CPU's heap is as good
 MAX_K = 1024
+# the scores of one call (queries x collection, float32) are held on the GPU: 1 GiB at most, so a batch
+# of 64 over 10M vectors runs as 3 calls of 26 rather than one of 2.5 GB
+MAX_SCORES = 1 << 28
 
 
 def scan_model() -> bytes:
@@ -75,11 +78,13 @@ class ExactScan:
     on ``provider`` with the rows copied to that device once. fp32 throughout, TF32 off: the same
     scores as faiss' flat index, to float rounding."""
 
-    def __init__(self, rows: np.ndarray, provider: str = "CUDAExecutionProvider", device_id: int = 0):
+    def __init__(self, rows: np.ndarray, provider: str = "CUDAExecutionProvider", device_id: int = 0,
+                 max_scores: int = MAX_SCORES):
         import onnxruntime as ort
 
         self.provider = provider
         self.count, self.dim = rows.shape
+        self.queries_per_call = max(1, max_scores // max(1, self.count))
         options: dict = {}
         if provider == "CUDAExecutionProvider":
             # device 0 is the provider's default: naming it makes onnxruntime 1.31 warn of a missing plugin device
@@ -102,6 +107,13 @@ class ExactScan:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if queries.shape[1] != self.dim:
             raise ValueError(f"query dim {queries.shape[1]} != {self.dim}")
+        step = self.queries_per_call
+        if len(queries) > step:
+            parts = [self._search(queries[i:i + step], k) for i in range(0, len(queries), step)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return self._search(queries, k)
+
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         binding = self.session.io_binding()
         binding.bind_cpu_input("queries", queries)
         binding.bind_ortvalue_input("rows", self.rows)

@@ -29,6 +29,10 @@ def test_scan_answers_as_faiss_flat():
         np.testing.assert_array_equal(positions, want_positions)
         np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
     assert scan.search(queries[:2], 5000)[1].shape == (2, 3000)  # k past the collection: all of it, ranked
+    # a batch whose scores would pass the bound runs in several calls, with the same answers
+    small = ExactScan(rows, "CPUExecutionProvider", max_scores=3000 * 4)
+    assert small.queries_per_call == 4
+    np.testing.assert_array_equal(small.search(queries, 10)[1], flat.search(queries, 10)[1])
     with pytest.raises(ValueError, match="query dim 8 != 48"):
         scan.search(np.ones((1, 8), np.float32), 3)
 
