@@ -319,7 +319,8 @@ class Snapshot(SearchableSnapshot):
                                  faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0)
         apply_search_params(index, manifest.index)
         index, device = to_search_device(index, manifest.index, use_gpu)
-        # a flat index faiss cannot search on the GPU (a Hopper card and PyPI's faiss-gpu): onnxruntime may
+        # a flat index that faiss left on the CPU (no GPU faiss can search on: PyPI's faiss-gpu on a Hopper
+        # card) is scanned on the GPU by onnxruntime where it has one; filters and IVF stay with faiss
         scan = exact_scan_for(flat_rows(index) if manifest.index.exact and device == "cpu" else None, use_gpu)
         if scan is not None and scan.on_gpu:
             device = "gpu"
