@@ -266,7 +266,7 @@ def update_snapshot(
     current one's stored vectors plus the new images, and indexed by Milvus.
     """
     store = as_store(root)
-    base = store.load(image_space=encoder.image_space)
+    base = store.load(image_space=encoder.image_space, use_gpu=False)  # its contents are read, not searched
     m = base.manifest
     source = dict(m.source)
     ids, vectors, metadata = base.contents()
@@ -513,7 +513,7 @@ def export_snapshot_vectors(snapshot: str | Path, out: str | Path, *, shard_size
     which ``build_snapshot_from_vectors`` reads back as it is."""
     if metadata_format not in ("parquet", "jsonl"):
         raise BuildError(f"metadata format must be parquet or jsonl, not {metadata_format!r}")
-    snap = Snapshot.load(snapshot)
+    snap = Snapshot.load(snapshot, use_gpu=False)
     out = Path(out)
     (out / "img_emb").mkdir(parents=True, exist_ok=True)
     (out / "metadata").mkdir(parents=True, exist_ok=True)

@@ -218,7 +218,7 @@ def copy_cmd(
     target_recall: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Tune the target's nprobe/ef to this recall@10."),
 ):
     """Copy a snapshot's current version into another backend (e.g. FAISS -> Milvus) without re-encoding."""
-    source = Snapshot.load(snapshot or Settings().snapshot_root)
+    source = Snapshot.load(snapshot or Settings().snapshot_root, use_gpu=False)  # read, not searched
     store = open_cli_store(backend, out, uri, collection)
     spec = index_spec(index_type, params) if index_type else None
     encoder = load_encoder(bundle) if bundle else None
@@ -259,12 +259,12 @@ def verify_cmd(
     files changed since they were last verified), or, on Milvus, the server's vector count."""
     started = time.perf_counter()
     if root is not None and (root / "manifest.json").is_file():  # a FAISS version folder
-        Snapshot.load(root, rehash=True)
+        Snapshot.load(root, rehash=True, use_gpu=False)
         name = root.name
     else:
         store = open_cli_store(backend, root, uri, collection)
         name = store.manifest(version).version
-        store.load(version, rehash=True)
+        store.load(version, rehash=True, use_gpu=False)
     console.print(f"version {name}: matches its manifest ({time.perf_counter() - started:.1f} s)", highlight=False)
 
 

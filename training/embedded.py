@@ -77,7 +77,7 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
         try:
             if rebuild or store.current_version() is None:
                 log.warning("copying the demo gallery into %s ...", store.describe())
-                copy_snapshot(Snapshot.load(snap_root), store)
+                copy_snapshot(Snapshot.load(snap_root, use_gpu=False), store)
         finally:
             store.close()
     return bundle, snap_root
