@@ -48,14 +48,11 @@ def scan_model() -> bytes:
 
 
 def gpu_provider() -> str | None:
-    """onnxruntime's CUDA provider where it is installed (its libraries preloaded), else None."""
-    import onnxruntime as ort
-
+    """onnxruntime's CUDA provider where the encoder's default choice has it (its libraries then
+    preloaded), else None."""
     from paraseek.core.encoder import choose_providers
 
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return None
-    return "CUDAExecutionProvider" if "CUDAExecutionProvider" in choose_providers(["CUDAExecutionProvider"]) else None
+    return "CUDAExecutionProvider" if "CUDAExecutionProvider" in choose_providers() else None
 
 
 def exact_scan_for(rows: np.ndarray | None, use_gpu: bool | None = None) -> ExactScan | None:
