@@ -236,7 +236,9 @@ _helpers: ThreadPoolExecutor | None = None
 _helpers_lock = threading.Lock()
 
 
-def _scan_helpers() -> ThreadPoolExecutor:
+def scan_helpers() -> ThreadPoolExecutor:
+    """The threads that scan the other parts of a collection split among cores (one fewer than the
+    cores: the calling thread scans the first part)."""
     global _helpers
     with _helpers_lock:
         if _helpers is None:
@@ -269,7 +271,7 @@ def split_scan(rows: np.ndarray, queries: np.ndarray, k: int, parts: int) -> tup
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     bounds = np.linspace(0, len(rows), max(1, parts) + 1).astype(int)
     use_blas_for(len(queries))
-    pending = [_scan_helpers().submit(_scan_part, rows, int(b), int(e), queries, k)
+    pending = [scan_helpers().submit(_scan_part, rows, int(b), int(e), queries, k)
                for b, e in zip(bounds[1:-1], bounds[2:])]
     with one_thread():
         found = [_scan_part(rows, 0, int(bounds[1]), queries, k)]

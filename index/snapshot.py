@@ -34,6 +34,7 @@ from paraseek.index.faiss_index import (
     SPLIT_SCAN_MIN_ROWS,
     ExactVectors,
     apply_search_params,
+    available_memory_bytes,
     flat_rows,
     id_selector,
     masked_exact_search,
@@ -45,6 +46,8 @@ from paraseek.index.faiss_index import (
     to_search_device,
 )
 from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
+from paraseek.index.fp16_scan import MAX_K as FP16_MAX_K
+from paraseek.index.fp16_scan import Fp16Scan
 from paraseek.index.gpu_scan import MAX_K as SCAN_MAX_K
 from paraseek.index.gpu_scan import ExactScan, exact_scan_for
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError
@@ -286,6 +289,7 @@ class Snapshot(SearchableSnapshot):
         # a view of the flat index's own memory, for scans split among threads (no copy)
         self._flat = flat_rows(index) if manifest.index.exact and device == "cpu" else None
         self._scan = scan  # exact search on a GPU through onnxruntime (``gpu_scan``), where one took the rows
+        self._fp16: Fp16Scan | None = None  # searches of a few queries read an fp16 copy (``prepare_serving``)
 
     @classmethod
     def load(
@@ -355,12 +359,35 @@ class Snapshot(SearchableSnapshot):
             scores, positions = self._scan.search(queries, k)
             return scores, self.ids[positions]
         parts = search_threads()
+        if self._fp16 is not None and len(queries) < BLAS_MIN_QUERIES and k <= FP16_MAX_K:
+            scores, numbers = self._fp16.search(queries, k, parts)
+            return scores, self.ids[numbers]
         if self._flat is not None and parts > 1 and len(queries) < BLAS_MIN_QUERIES and len(self._flat) >= SPLIT_SCAN_MIN_ROWS:
             scores, numbers = split_scan(self._flat, queries, k, parts)
             return scores, self.ids[numbers]
         # the id -> row map is built on first use, and only indexes that refine need it for searching
         exact = self.exact_vectors() if (spec.refine_factor or 1) > 1 and not spec.exact else None
         return search(self.index, spec, queries, k, exact)
+
+    def prepare_serving(self, *, fp16_scan: bool = True) -> None:
+        """The fp16 copy of a flat collection on the CPU (``index.fp16_scan``) for its searches of fewer than
+        ``BLAS_MIN_QUERIES`` queries; not for collections small enough to stay cached, nor where the copy
+        would take more than a quarter of the memory available."""
+        rows = self._flat
+        if not fp16_scan or rows is None or len(rows) < SPLIT_SCAN_MIN_ROWS or self._fp16 is not None:
+            return
+        if rows.nbytes / 2 > available_memory_bytes() / 4:
+            log.warning("snapshot %s: no fp16 copy for searches of a few queries (%.0f MB, more than a quarter of "
+                        "the memory available); they scan the fp32 rows", self.path.name, rows.nbytes / 2 / 2**20)
+            return
+        started = time.perf_counter()
+        try:
+            self._fp16 = Fp16Scan(rows)
+        except ValueError as exc:
+            log.warning("snapshot %s: no fp16 copy for searches of a few queries: %s", self.path.name, exc)
+            return
+        log.info("snapshot %s: fp16 copy for searches of a few queries, %.0f MB in %.2f s", self.path.name,
+                 self._fp16.nbytes / 2**20, time.perf_counter() - started)
 
     def filtered(self, flt: SearchFilter) -> FilteredSnapshot:
         key = flt.key()

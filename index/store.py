@@ -90,6 +90,11 @@ class SearchableSnapshot(ABC):
     def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, ids), each (Q, k') with k' = min(k, size); padded ids are -1."""
 
+    def prepare_serving(self, *, fp16_scan: bool = True) -> None:
+        """Build what a server searches with beyond the stored files, once, before it serves this version
+        (``fp16_scan``: a flat FAISS snapshot's fp16 copy, ``index.fp16_scan``); nothing by default."""
+        return None  # backends whose searches run elsewhere (a Milvus server) build nothing here
+
     @abstractmethod
     def filtered(self, flt: SearchFilter) -> SearchView:
         """A view searching only the images that match ``flt`` (raises ``FilterError`` naming the

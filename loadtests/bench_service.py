@@ -299,6 +299,18 @@ def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s
     return sum(done) / (time.perf_counter() - start)
 
 
+def served_snapshot(root: Path):
+    """The snapshot searched as the server searches it: on the device it would use, with what it builds
+    for serving (a flat collection's fp16 copy)."""
+    from paraseek.index.snapshot import Snapshot
+    from paraseek.service.runtime import search_gpu
+
+    settings = Settings()
+    snap = Snapshot.load(root, verify=False, use_gpu=search_gpu(settings))
+    snap.prepare_serving(fp16_scan=settings.flat_fp16_scan)
+    return snap
+
+
 def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
              precisions: tuple[str, ...] = ("fp32", "int8")) -> dict:
     """E (texts/s at batch 32), E of the service's encoder layout and batch-1 ms per precision; I
@@ -306,8 +318,6 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
     the requests' (batch 1 rotates through them). The encoder runs where the service would run it (a
     GPU's execution provider where onnxruntime has one)."""
     from paraseek.index.faiss_index import set_threads
-    from paraseek.index.snapshot import Snapshot
-    from paraseek.service.runtime import search_gpu
 
     out: dict = {}
     encoders = {}
@@ -317,7 +327,7 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
                                                                                     batch_size=1), 1)
         _, e = _median_rate(lambda enc=enc: enc.encode_text(texts[:32], batch_size=32), 32)
         out[precision] = {"E": e, "enc_b1_ms": b1 * 1000, "E_service": service_layout_rate(bundle, precision, texts)}
-    snap = Snapshot.load(snapshot_root, verify=False, use_gpu=search_gpu(Settings()))  # where the server searches
+    snap = served_snapshot(snapshot_root)
     q = queries_of(snap.manifest.dim)
     # batch 1 as the server searches a lone request's row: on every core (PARASEEK_FAISS_BATCH_THREADS)
     set_threads(os.cpu_count())
@@ -365,8 +375,7 @@ def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, que
 
 
 def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
-    from paraseek.index.snapshot import Snapshot
-    from paraseek.service.runtime import load_encoder, search_gpu
+    from paraseek.service.runtime import load_encoder
 
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -404,7 +413,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                   f"encode+search back to back {ix['request_floor_ms']:.2f} ms"
                   + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
             # the concurrency-1 checks (100K only) search this copy beside the server
-            snap = Snapshot.load(root, verify=False, use_gpu=search_gpu(Settings())) if size == 100_000 else None
+            snap = served_snapshot(root) if size == 100_000 else None
             served = precisions[-1]  # what `auto` serves here: int8 on CPU, fp16 on a GPU, where the bundle has it
             for precision, batching in [(p, True) for p in reversed(precisions)] + [(served, False)]:
                 ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])

@@ -62,9 +62,12 @@ def search_gpu(settings: Settings) -> bool | None:
 
 
 def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
-    """A version of the configured index backend (default: the current one), checked against the encoder."""
-    return store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads,
-                      rehash=settings.snapshot_verify == "always", use_gpu=search_gpu(settings))
+    """A version of the configured index backend (default: the current one), checked against the encoder,
+    ready to serve."""
+    snapshot = store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads,
+                          rehash=settings.snapshot_verify == "always", use_gpu=search_gpu(settings))
+    snapshot.prepare_serving(fp16_scan=settings.flat_fp16_scan)
+    return snapshot
 
 
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:

@@ -19,15 +19,34 @@ def test_providers_setting_places_the_encoder(starter_bundle):
 def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encoder):
     from paraseek.service.runtime import load_snapshot
 
+    class Snapshot:
+        def prepare_serving(self, **kwargs):
+            pass
+
     class Store:
         def load(self, version, **kwargs):
             self.kwargs = kwargs
-            return "snapshot"
+            return snapshot
 
-    store = Store()
-    assert load_snapshot(store, starter_encoder, Settings(providers="cpu")) == "snapshot"
+    store, snapshot = Store(), Snapshot()
+    assert load_snapshot(store, starter_encoder, Settings(providers="cpu")) is snapshot
     assert store.kwargs["use_gpu"] is False
     load_snapshot(store, starter_encoder, Settings(search_device="cpu"))
     assert store.kwargs["use_gpu"] is False
     load_snapshot(store, starter_encoder, Settings())  # unset: a GPU wherever one is usable
     assert store.kwargs["use_gpu"] is None
+
+
+def test_the_service_loads_a_flat_snapshot_with_its_fp16_copy_unless_told_not_to(tmp_path, monkeypatch):
+    import paraseek.index.snapshot as snapshot_module
+    from paraseek.index.snapshot import FaissStore
+    from paraseek.service.runtime import load_snapshot
+    from tests.index.test_memory_mapped import SPACE, build
+
+    class Encoder:  # what load_snapshot reads of the served encoder
+        image_space = SPACE
+
+    monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 1000)  # the collection has 4K
+    store = FaissStore(build(tmp_path, "flat"))
+    assert load_snapshot(store, Encoder(), Settings(home=tmp_path))._fp16 is not None
+    assert load_snapshot(store, Encoder(), Settings(home=tmp_path, flat_fp16_scan=False))._fp16 is None
