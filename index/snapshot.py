@@ -386,8 +386,9 @@ class Snapshot(SearchableSnapshot):
         except ValueError as exc:
             log.warning("snapshot %s: no fp16 copy for searches of a few queries: %s", self.path.name, exc)
             return
+        self.fp16_copy_bytes = self._fp16.nbytes
         log.info("snapshot %s: fp16 copy for searches of a few queries, %.0f MB in %.2f s", self.path.name,
-                 self._fp16.nbytes / 2**20, time.perf_counter() - started)
+                 self.fp16_copy_bytes / 2**20, time.perf_counter() - started)
 
     def filtered(self, flt: SearchFilter) -> FilteredSnapshot:
         key = flt.key()

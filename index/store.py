@@ -74,6 +74,7 @@ class SearchableSnapshot(ABC):
     manifest: SnapshotManifest
     device: str
     memory_mapped: bool = False  # searched through a memory map of its files rather than copies in this process
+    fp16_copy_bytes: int = 0  # what ``prepare_serving`` added to this process: a flat collection's fp16 copy
 
     @property
     def version(self) -> str:

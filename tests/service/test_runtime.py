@@ -48,5 +48,7 @@ def test_the_service_loads_a_flat_snapshot_with_its_fp16_copy_unless_told_not_to
 
     monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 1000)  # the collection has 4K
     store = FaissStore(build(tmp_path, "flat"))
-    assert load_snapshot(store, Encoder(), Settings(home=tmp_path))._fp16 is not None
-    assert load_snapshot(store, Encoder(), Settings(home=tmp_path, flat_fp16_scan=False))._fp16 is None
+    served = load_snapshot(store, Encoder(), Settings(home=tmp_path))
+    assert served._fp16 is not None and served.fp16_copy_bytes == 4000 * 32 * 2
+    told = load_snapshot(store, Encoder(), Settings(home=tmp_path, flat_fp16_scan=False))
+    assert told._fp16 is None and told.fp16_copy_bytes == 0
