@@ -65,44 +65,58 @@ class Fp16Scan:
         """Memory the copy holds."""
         return sum(part.sa_code_size() * part.ntotal for _, part in self._parts)
 
-    def search(self, queries: np.ndarray, k: int, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, row numbers), each (Q, min(k, N)), best first, ties in row order; the parts shared
-        among ``threads`` (the calling one and the scan helpers), each on one OpenMP thread.
+    def search(self, queries: np.ndarray, k: int, threads: int = 1,
+               among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, row numbers), each (Q, min(k, rows searched)), best first, ties in row order; the
+        parts shared among ``threads`` (the calling one and the scan helpers), each on one OpenMP thread.
+        ``among``: only these row numbers (a filter's matches; meant for broad ones: the scan reads every
+        row and keeps the candidates among them, taking more in proportion).
 
         A query whose k-th score is not clear of what its parts left out (fp16 cannot tell their best
         left-out rows from it: near-duplicates) is scanned again for four times the candidates."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        k = min(int(k), len(self.rows))
+        count = len(self.rows)
+        accepted = None
+        if among is not None:
+            accepted = np.zeros(count, bool)
+            accepted[among] = True
+        k = min(int(k), count if among is None else len(among))
         scores = np.empty((len(queries), k), np.float32)
         numbers = np.empty((len(queries), k), np.int64)
         errors = self._error_per_query_norm * np.linalg.norm(queries, axis=1)
-        todo = np.arange(len(queries))
+        todo = np.arange(len(queries)) if k else np.arange(0)
         wanted = max(RESCORE_FACTOR * k, k + 16)
+        if among is not None:  # the candidates kept are the filter's share of those found
+            wanted = math.ceil(wanted * count / max(1, len(among)))
         while len(todo):
-            candidates, left_out = self._candidates(queries[todo], wanted, threads)
+            candidates, left_out = _candidates(self._parts, queries[todo], wanted, threads)
             again = []
             for j, row in enumerate(todo):
                 found = np.unique(candidates[j][candidates[j] >= 0])  # sorted: ties go to the lower row number
+                if accepted is not None:
+                    found = found[accepted[found]]
                 exact = self.rows[found] @ queries[row]
                 best = np.argsort(-exact, kind="stable")[:k]
-                if left_out[j] + errors[row] >= exact[best[-1]]:
+                if len(best) < k or left_out[j] + errors[row] >= exact[best[-1]]:
                     again.append(row)
                     continue
                 scores[row], numbers[row] = exact[best], found[best]
             todo, wanted = np.asarray(again, np.int64), wanted * 4
         return scores, numbers
 
-    def _candidates(self, queries: np.ndarray, wanted: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each part's top ``wanted`` rows by their fp16 scores (Q, ...), -1 padded, and per query the best
-        fp16 score a part left out could have (-inf where every part gave all its rows)."""
-        threads = max(1, min(threads, len(self._parts)))
-        groups = [self._parts[i::threads] for i in range(threads)]
-        pending = [scan_helpers().submit(_scan_parts, group, queries, wanted) for group in groups[1:]]
-        with one_thread():
-            found = [_scan_parts(groups[0], queries, wanted)]
-        found += [p.result() for p in pending]
-        return (np.concatenate([rows for rows, _ in found], axis=1),
-                np.max(np.stack([left_out for _, left_out in found]), axis=0))
+
+def _candidates(parts: list[tuple[int, faiss.Index]], queries: np.ndarray, wanted: int,
+                threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each part's top ``wanted`` rows by their fp16 scores (Q, ...), -1 padded, and per query the best
+    fp16 score a part left out could have (-inf where every part gave all its rows)."""
+    threads = max(1, min(threads, len(parts)))
+    groups = [parts[i::threads] for i in range(threads)]
+    pending = [scan_helpers().submit(_scan_parts, group, queries, wanted) for group in groups[1:]]
+    with one_thread():
+        found = [_scan_parts(groups[0], queries, wanted)]
+    found += [p.result() for p in pending]
+    return (np.concatenate([rows for rows, _ in found], axis=1),
+            np.max(np.stack([left_out for _, left_out in found]), axis=0))
 
 
 def _scan_parts(parts: list[tuple[int, faiss.Index]], queries: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:

@@ -229,6 +229,14 @@ def read_snapshot_manifest(version_dir: Path) -> SnapshotManifest:
         raise SnapshotError(f"snapshot {version_dir}: {MANIFEST} is unreadable or malformed: {exc}") from exc
 
 
+def padded(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) widened to k columns: -inf and -1 where fewer were found."""
+    out_scores = np.full((len(scores), k), -np.inf, np.float32)
+    out_ids = np.full((len(ids), k), -1, np.int64)
+    out_scores[:, :scores.shape[1]], out_ids[:, :ids.shape[1]] = scores, ids
+    return out_scores, out_ids
+
+
 FILTER_CACHE = 64  # compiled filters kept per snapshot (a filter's mask costs one pass over the metadata)
 SMALL_MATCH = 50_000  # at most this many matching images: an exact scan of them beats an ANN with a selector
 
@@ -253,6 +261,11 @@ class FilteredSnapshot:
         queries = snap.check_queries(queries)
         spec = snap.manifest.index
         if spec.exact or len(self.rows) <= max(SMALL_MATCH, k):
+            if (snap._fp16 is not None and len(queries) < BLAS_MIN_QUERIES and k <= FP16_MAX_K
+                    and len(self.rows) * 4 > len(snap.ids)):
+                # a broad filter's exact search reads every row anyway (masked_exact_search): read the fp16 copy
+                scores, numbers = snap._fp16.search(queries, k, search_threads(), among=self.rows)
+                return padded(scores, snap.ids[numbers], k)
             return masked_exact_search(snap.vectors(), snap.ids, self.rows, queries, k)
         exact = snap.exact_vectors() if (spec.refine_factor or 1) > 1 else None
         return search(snap.index, spec, queries, min(int(k), len(self.rows)), exact, self.search_params())
