@@ -84,7 +84,7 @@ def test_a_served_flat_snapshot_searches_a_few_queries_through_the_copy(tmp_path
         set_threads(before)
     # 4+ queries take faiss' matrix-product path; k past the copy's bound too
     assert calls == [(1, 1), (3, 1), (1, 2), (3, 2)]
-    served.search_ids(queries[:1], 300)
+    served.search_ids(queries[:1], fp16_scan.MAX_K + 1)
     assert len(calls) == 4
 
 
@@ -137,9 +137,9 @@ def test_a_broad_filter_on_a_served_flat_snapshot_scans_the_copy(tmp_path, monke
     broad = SearchFilter(id_range={"lt": 500 + 3 * 3000})  # 3,000 of 4,000: every row is read either way
     narrow = SearchFilter(fields={"camera": "cam1"})  # 1,000: gathered and scanned in fp32
     for flt in (broad, narrow):
-        for q, k in ((queries[:1], 10), (queries[:3], 5), (queries, 10), (queries[:1], 3500)):
+        for q, k in ((queries[:1], 10), (queries[:3], 5), (queries, 10), (queries[:1], fp16_scan.MAX_K + 1)):
             scores, ids = served.filtered(flt).search_ids(q, k)
             want_scores, want_ids = plain.filtered(flt).search_ids(q, k)
             np.testing.assert_array_equal(ids, want_ids)
             np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
-    assert calls == [3000, 3000]  # 1-3 queries with k up to 256, broad filter only
+    assert calls == [3000, 3000]  # 1-3 queries with k up to MAX_K, broad filter only
