@@ -52,9 +52,9 @@ class Settings(BaseSettings):
     flat_fp16_scan: bool = Field(True, description="flat snapshots searched on the CPU: searches of 1-3 queries scan an "
                                  "fp16 copy of the vectors (half the memory traffic; the copy costs half the vectors' memory) "
                                  "and rescore its candidates from the fp32 vectors (the same results)")
-    index_memory_map: bool = Field(True, description="IVF snapshots: search the index file's lists through a read-only "
-                                   "memory map (page cache, shared by the replicas on a host) instead of copying them into "
-                                   "each process")
+    index_memory_map: bool = Field(True, description="IVF and flat snapshots: search the index file's lists (IVF) or "
+                                   "vectors (flat) through a read-only memory map (page cache, shared by the replicas on a "
+                                   "host) instead of copying them into each process")
     snapshot_verify: Literal["changed", "always"] = Field(
         "changed", description="at load, hash only the snapshot files changed since they were last verified (size, "
         "inode, times), or always every file (a 10M x 384 snapshot: ~30 s)")

@@ -318,9 +318,10 @@ class Snapshot(SearchableSnapshot):
     ) -> Snapshot:
         """``verify``: the files' sha256s are checked, those verified before and unchanged since (size,
         inode, times: ``core.integrity``) taken as they are unless ``rehash``.
-        ``memory_map``: read an IVF index's lists from the mapped file (read-only) instead of copying
-        them into this process: they cost page cache, which the kernel shares between the replicas on a
-        host and can drop, rather than private memory (a 10M x 384 ivf_pq snapshot: ~1 GB of codes)."""
+        ``memory_map``: read an IVF index's lists, or a flat index's vectors, from the mapped file
+        (read-only) instead of copying them into this process: they cost page cache, which the kernel
+        shares between the replicas on a host and can drop, rather than private memory (a 10M x 384
+        ivf_pq snapshot: ~1 GB of codes; 100K x 384 flat: 147 MB)."""
         version_dir = resolve(path)
         manifest = read_snapshot_manifest(version_dir)
         check_image_space(manifest, image_space)
@@ -331,9 +332,11 @@ class Snapshot(SearchableSnapshot):
                      version_dir.name, ", ".join(hashed) or "no file", time.perf_counter() - started,
                      len(manifest.files) - len(hashed))
         set_threads(threads)
-        mapped = memory_map and manifest.index.type in IVF_TYPES
-        index = faiss.read_index(str(version_dir / "index.faiss"),
-                                 faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0)
+        mapped = memory_map and (manifest.index.type in IVF_TYPES or manifest.index.exact)
+        # IVF: the lists; flat: its vectors (faiss' flat codes), which batches scan whole, while searches of
+        # a few queries read the fp16 copy a server makes (``prepare_serving``)
+        flags = faiss.IO_FLAG_MMAP_IFC if manifest.index.exact else faiss.IO_FLAG_MMAP
+        index = faiss.read_index(str(version_dir / "index.faiss"), flags | faiss.IO_FLAG_READ_ONLY if mapped else 0)
         apply_search_params(index, manifest.index)
         index, device = to_search_device(index, manifest.index, use_gpu)
         # a flat index that faiss left on the CPU (no GPU faiss can search on: PyPI's faiss-gpu on a Hopper
@@ -476,7 +479,7 @@ class FaissStore(SnapshotStore):
 
     def __init__(self, root: Path, memory_map: bool = True):
         self.root = Path(root)
-        self.memory_map = memory_map  # Snapshot.load's: IVF lists read from the mapped index file
+        self.memory_map = memory_map  # Snapshot.load's: IVF lists and flat vectors read from the mapped index file
 
     def describe(self) -> str:
         return f"snapshot root {self.root}"

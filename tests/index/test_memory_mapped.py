@@ -67,7 +67,10 @@ def test_the_store_follows_the_setting(tmp_path):
     assert not FaissStore(root, memory_map=False).load().memory_mapped
     (tmp_path / "flat").mkdir()
     flat = build(tmp_path / "flat", "flat")
-    assert not FaissStore(flat).load().memory_mapped  # flat indexes are scanned whole: kept in memory
+    assert FaissStore(flat).load().memory_mapped  # a flat index's vectors too
+    assert not FaissStore(flat, memory_map=False).load().memory_mapped
+    (tmp_path / "hnsw").mkdir()
+    assert not FaissStore(build(tmp_path / "hnsw", "hnsw")).load().memory_mapped  # a graph is held in memory
 
 
 def test_a_snapshot_of_the_older_layout_still_loads(tmp_path):
@@ -111,16 +114,18 @@ queries = np.load(sys.argv[3])
 np.ones(1) @ np.ones(1)  # BLAS and faiss' own buffers set up before the first reading
 before = process_memory()
 snap = Snapshot.load(sys.argv[1], memory_map=sys.argv[2] == "mapped", verify=False)
-snap.index.nprobe = snap.index.nlist  # every list read: every page of the index file touched
+if hasattr(snap.index, "nprobe"):
+    snap.index.nprobe = snap.index.nlist  # every list read: every page of the index file touched
 snap.search_ids(queries, 10)
 after = process_memory()
 print(after.private_mb - before.private_mb, after.file_mb - before.file_mb)
 """
 
 
-def test_memory_mapped_lists_are_page_cache_not_private_memory(tmp_path):
-    """60K x 256 ivf_flat: 61 MB of lists, searched with every list probed."""
-    root = build(tmp_path, "ivf_flat", n=60_000, dim=256, metadata=False)
+@pytest.mark.parametrize("kind", ["ivf_flat", "flat"])
+def test_memory_mapped_lists_are_page_cache_not_private_memory(tmp_path, kind):
+    """60K x 256: 61 MB of IVF lists (searched with every list probed) or of flat vectors."""
+    root = build(tmp_path, kind, n=60_000, dim=256, metadata=False)
     lists_mb = (resolve(root) / "index.faiss").stat().st_size / 2**20
     assert lists_mb > 55
     np.save(tmp_path / "q.npy", clustered(64, 256, seed=3))
