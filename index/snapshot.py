@@ -261,12 +261,14 @@ class FilteredSnapshot:
         queries = snap.check_queries(queries)
         spec = snap.manifest.index
         if spec.exact or len(self.rows) <= max(SMALL_MATCH, k):
-            if (snap._fp16 is not None and len(queries) < BLAS_MIN_QUERIES and k <= FP16_MAX_K
-                    and len(self.rows) * 4 > len(snap.ids)):
+            fp16 = snap.fp16_scan_for(queries, k)
+            if fp16 is not None and len(self.rows) * 4 > len(snap.ids):
                 # a broad filter's exact search reads every row anyway (masked_exact_search): read the fp16 copy
-                scores, numbers = snap._fp16.search(queries, k, search_threads(), among=self.rows)
+                scores, numbers = fp16.search(queries, k, search_threads(), among=self.rows)
                 return padded(scores, snap.ids[numbers], k)
-            return masked_exact_search(snap.vectors(), snap.ids, self.rows, queries, k)
+            # a flat index's own rows where it has them (the same order as vectors.npy): one file's pages, not two
+            vectors = snap._flat if snap._flat is not None else snap.vectors()
+            return masked_exact_search(vectors, snap.ids, self.rows, queries, k)
         exact = snap.exact_vectors() if (spec.refine_factor or 1) > 1 else None
         return search(snap.index, spec, queries, min(int(k), len(self.rows)), exact, self.search_params())
 
@@ -375,8 +377,9 @@ class Snapshot(SearchableSnapshot):
             scores, positions = self._scan.search(queries, k)
             return scores, self.ids[positions]
         parts = search_threads()
-        if self._fp16 is not None and len(queries) < BLAS_MIN_QUERIES and k <= FP16_MAX_K:
-            scores, numbers = self._fp16.search(queries, k, parts)
+        fp16 = self.fp16_scan_for(queries, k)
+        if fp16 is not None:
+            scores, numbers = fp16.search(queries, k, parts)
             return scores, self.ids[numbers]
         if self._flat is not None and parts > 1 and len(queries) < BLAS_MIN_QUERIES and len(self._flat) >= SPLIT_SCAN_MIN_ROWS:
             scores, numbers = split_scan(self._flat, queries, k, parts)
@@ -384,6 +387,10 @@ class Snapshot(SearchableSnapshot):
         # the id -> row map is built on first use, and only indexes that refine need it for searching
         exact = self.exact_vectors() if (spec.refine_factor or 1) > 1 and not spec.exact else None
         return search(self.index, spec, queries, k, exact)
+
+    def fp16_scan_for(self, queries: np.ndarray, k: int) -> Fp16Scan | None:
+        """The fp16 copy where one was made and it serves this search (a few queries, k within its bound)."""
+        return self._fp16 if len(queries) < BLAS_MIN_QUERIES and k <= FP16_MAX_K else None
 
     def prepare_serving(self, *, fp16_scan: bool = True) -> None:
         """The fp16 copy of a flat collection on the CPU (``index.fp16_scan``) for its searches of fewer than
