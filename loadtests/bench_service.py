@@ -299,22 +299,11 @@ def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s
     return sum(done) / (time.perf_counter() - start)
 
 
-def served_snapshot(root: Path):
-    """The snapshot searched as the server searches it: on the device it would use, with what it builds
-    for serving (a flat collection's fp16 copy)."""
-    from paraseek.index.snapshot import Snapshot
-    from paraseek.service.runtime import search_gpu
-
-    settings = Settings()
-    snap = Snapshot.load(root, verify=False, use_gpu=search_gpu(settings))
-    snap.prepare_serving(fp16_scan=settings.flat_fp16_scan)
-    return snap
-
-
-def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
+def ceilings(bundle: Path, snap, texts: list[str], queries_of,
              precisions: tuple[str, ...] = ("fp32", "int8")) -> dict:
     """E (texts/s at batch 32), E of the service's encoder layout and batch-1 ms per precision; I
-    (queries/s at batch 64) and batch-1 ms of the index, all cores, in this process. ``texts`` are like
+    (queries/s at batch 64) and batch-1 ms of the index ``snap`` (loaded as the server loads it), all
+    cores, in this process. ``texts`` are like
     the requests' (batch 1 rotates through them). The encoder runs where the service would run it (a
     GPU's execution provider where onnxruntime has one)."""
     from paraseek.index.faiss_index import set_threads
@@ -327,7 +316,6 @@ def ceilings(bundle: Path, snapshot_root: Path, texts: list[str], queries_of,
                                                                                     batch_size=1), 1)
         _, e = _median_rate(lambda enc=enc: enc.encode_text(texts[:32], batch_size=32), 32)
         out[precision] = {"E": e, "enc_b1_ms": b1 * 1000, "E_service": service_layout_rate(bundle, precision, texts)}
-    snap = served_snapshot(snapshot_root)
     q = queries_of(snap.manifest.dim)
     # batch 1 as the server searches a lone request's row: on every core (PARASEEK_FAISS_BATCH_THREADS)
     set_threads(os.cpu_count())
@@ -375,7 +363,8 @@ def latency_check(url: str, encoder: Encoder, server_encoder: Encoder, snap, que
 
 
 def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
-    from paraseek.service.runtime import load_encoder
+    from paraseek.index.snapshot import FaissStore
+    from paraseek.service.runtime import load_encoder, load_snapshot
 
     work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -404,7 +393,9 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
         precisions = tuple(args.precisions or serving_precisions(bundle))
         for size in args.sizes:
             root = prepare_snapshot(bundle, size, work, args.data, args.index)
-            c = ceilings(bundle, root, texts, queries_of, precisions)
+            # searched as the server searches it: on its device, with what it builds to serve (the fp16 copy)
+            snap = load_snapshot(FaissStore(root), read_manifest(bundle, verify=False).image_space, Settings())
+            c = ceilings(bundle, snap, texts, queries_of, precisions)
             ix = c["index"]
             print(f"# {bundle_name} {size}: E " + " ".join(f"{p} {c[p]['E']:.0f}/s" for p in precisions)
                   + " (service layout: " + " ".join(f"{p} {c[p]['E_service']:.0f}/s" for p in precisions) + "); "
@@ -413,7 +404,6 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                   f"encode+search back to back {ix['request_floor_ms']:.2f} ms"
                   + (f", recall@10 {ix['recall_at_10']:.3f}" if ix["recall_at_10"] is not None else ""), flush=True)
             # the concurrency-1 checks (100K only) search this copy beside the server
-            snap = served_snapshot(root) if size == 100_000 else None
             served = precisions[-1]  # what `auto` serves here: int8 on CPU, fp16 on a GPU, where the bundle has it
             for precision, batching in [(p, True) for p in reversed(precisions)] + [(served, False)]:
                 ceiling = 1 / (1 / c[precision]["E"] + 1 / ix["I"])
@@ -433,7 +423,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                         print(f"{bundle_name:18} {size:>8} {ix['type']:8} {precision:5} {'on' if batching else 'off':5} "
                               f"{conc:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:7.1f} {ceiling:7.1f} "
                               f"{r['qps'] / ceiling:6.2f} {r['qps'] / ceiling_layout:6.2f} {r['failures']:>4}", flush=True)
-                    if snap is not None and batching and 1 in args.concurrency:
+                    if size == 100_000 and batching and 1 in args.concurrency:
                         check = latency_check(url, Encoder(bundle, precision=precision, load_image=False, providers=providers()),
                                               load_encoder(bundle, Settings(precision=precision)), snap,
                                               queries_of(snap.manifest.dim)[:1], plain, rounds=args.latency_rounds)

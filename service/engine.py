@@ -209,7 +209,7 @@ class SearchEngine:
                 version = await asyncio.to_thread(self.store.current_version)
                 active = self.active
                 if version and version != active.snapshot.version:
-                    snap = await asyncio.to_thread(load_snapshot, self.store, active.encoder, self.settings)
+                    snap = await asyncio.to_thread(load_snapshot, self.store, active.encoder.image_space, self.settings)
                     self.swap(Active(active.encoder, snap), replaces=active)  # StaleSwap: the next poll looks again
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have

@@ -120,7 +120,7 @@ class JobManager:
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
                 activate=False,
             )
-            active = Active(encoder, load_snapshot(store, encoder, settings, result.manifest.version))
+            active = Active(encoder, load_snapshot(store, encoder.image_space, settings, result.manifest.version))
             validate_snapshot(active)
             # published only if what this build started from is still served (a reload or another
             # reindex meanwhile fails the job: the version stays written, unpublished)

@@ -61,10 +61,10 @@ def search_gpu(settings: Settings) -> bool | None:
     return False if cpu_only else None
 
 
-def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, version: str | None = None) -> SearchableSnapshot:
-    """A version of the configured index backend (default: the current one), checked against the encoder,
-    ready to serve."""
-    snapshot = store.load(version, image_space=encoder.image_space, threads=settings.faiss_threads,
+def load_snapshot(store: SnapshotStore, image_space: str, settings: Settings, version: str | None = None) -> SearchableSnapshot:
+    """A version of the configured index backend (default: the current one), refused unless built in the
+    served encoder's ``image_space``, ready to serve as a server would."""
+    snapshot = store.load(version, image_space=image_space, threads=settings.faiss_threads,
                           rehash=settings.snapshot_verify == "always", use_gpu=search_gpu(settings))
     snapshot.prepare_serving(fp16_scan=settings.flat_fp16_scan)
     return snapshot
@@ -72,7 +72,7 @@ def load_snapshot(store: SnapshotStore, encoder: Encoder, settings: Settings, ve
 
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:
     encoder = load_encoder(bundle, settings, precision)
-    return Active(encoder, load_snapshot(store, encoder, settings))
+    return Active(encoder, load_snapshot(store, encoder.image_space, settings))
 
 
 def validate_snapshot(active: Active) -> None:

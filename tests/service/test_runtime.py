@@ -29,11 +29,11 @@ def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encode
             return snapshot
 
     store, snapshot = Store(), Snapshot()
-    assert load_snapshot(store, starter_encoder, Settings(providers="cpu")) is snapshot
+    assert load_snapshot(store, starter_encoder.image_space, Settings(providers="cpu")) is snapshot
     assert store.kwargs["use_gpu"] is False
-    load_snapshot(store, starter_encoder, Settings(search_device="cpu"))
+    load_snapshot(store, starter_encoder.image_space, Settings(search_device="cpu"))
     assert store.kwargs["use_gpu"] is False
-    load_snapshot(store, starter_encoder, Settings())  # unset: a GPU wherever one is usable
+    load_snapshot(store, starter_encoder.image_space, Settings())  # unset: a GPU wherever one is usable
     assert store.kwargs["use_gpu"] is None
 
 
@@ -43,12 +43,9 @@ def test_the_service_loads_a_flat_snapshot_with_its_fp16_copy_unless_told_not_to
     from paraseek.service.runtime import load_snapshot
     from tests.index.test_memory_mapped import SPACE, build
 
-    class Encoder:  # what load_snapshot reads of the served encoder
-        image_space = SPACE
-
     monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 1000)  # the collection has 4K
     store = FaissStore(build(tmp_path, "flat"))
-    served = load_snapshot(store, Encoder(), Settings(home=tmp_path))
+    served = load_snapshot(store, SPACE, Settings(home=tmp_path))
     assert served._fp16 is not None and served.fp16_copy_bytes == 4000 * 32 * 2
-    told = load_snapshot(store, Encoder(), Settings(home=tmp_path, flat_fp16_scan=False))
+    told = load_snapshot(store, SPACE, Settings(home=tmp_path, flat_fp16_scan=False))
     assert told._fp16 is None and told.fp16_copy_bytes == 0
