@@ -122,6 +122,9 @@ class ContinuousBatcher(Generic[P, R]):
         self.load = load
         self.max_company_wait = max_company_wait_ms / 1000.0
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
+        self._unbatched: ThreadPoolExecutor | None = None  # batching off: every request on its own thread
+        self._on_threads = 0  # calls handed to this batcher's threads and not yet finished there
+        self._on_threads_lock = threading.Lock()
         self._queue: asyncio.Queue[_Item] | None = None
         self._tasks: list[asyncio.Task] = []
         self._expected = 0  # announced requests not yet submitted
@@ -144,6 +147,8 @@ class ContinuousBatcher(Generic[P, R]):
                 pass
         self._tasks = []
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._unbatched is not None:
+            self._unbatched.shutdown(wait=False, cancel_futures=True)
 
     @property
     def pending(self) -> int:
@@ -167,7 +172,9 @@ class ContinuousBatcher(Generic[P, R]):
             # unbatched: every request on its own thread, in parallel (the baseline batching is measured against)
             if self.on_batch:
                 self.on_batch(self.size(payload))
-            results = await loop.run_in_executor(None, run, key, [payload])
+            if self._unbatched is None:
+                self._unbatched = ThreadPoolExecutor(thread_name_prefix=f"{self.name}-unbatched")
+            results = await self._on_thread(self._unbatched, run, key, [payload])
             return results[0]
         if self._queue.qsize() >= self.max_queued:
             raise Overloaded(f"the {self.name} queue holds {self.max_queued} waiting requests")
@@ -177,7 +184,25 @@ class ContinuousBatcher(Generic[P, R]):
 
     async def run_alone(self, fn: Callable[..., Any], *args) -> Any:
         """``fn(*args)`` on this batcher's thread, between batches (image queries on the encoder's thread)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self._on_thread(self._executor, fn, *args)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no call running on this batcher's threads, a call whose request gave up
+        included (a thread cannot be stopped: it still holds the cores until it returns)."""
+        return self._on_threads == 0 and self.pending == 0
+
+    def _on_thread(self, executor: ThreadPoolExecutor, fn: Callable[..., Any], *args) -> asyncio.Future:
+        with self._on_threads_lock:
+            self._on_threads += 1
+        future = executor.submit(fn, *args)
+        # runs on the thread once fn returns, or here if the call is cancelled before it starts
+        future.add_done_callback(self._off_thread)
+        return asyncio.wrap_future(future)
+
+    def _off_thread(self, _future) -> None:
+        with self._on_threads_lock:
+            self._on_threads -= 1
 
     async def _loop(self) -> None:
         assert self._queue is not None  # start() made it
@@ -233,7 +258,6 @@ class ContinuousBatcher(Generic[P, R]):
         return math.ceil(max(self.load(), waiting + self._running) / self.workers)
 
     async def _dispatch(self, items: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
         live = [item for item in items if not item.future.done()]  # a cancelled request needs no work
         if not live:
             return
@@ -246,7 +270,7 @@ class ContinuousBatcher(Generic[P, R]):
                 self.on_wait(now - item.queued_at)
         self._running += len(live)
         try:
-            results = await loop.run_in_executor(self._executor, run, key, [item.payload for item in live])
+            results = await self._on_thread(self._executor, run, key, [item.payload for item in live])
         except Exception as exc:
             if len(live) == 1:
                 _settle(live[0].future, error=exc)
@@ -254,7 +278,7 @@ class ContinuousBatcher(Generic[P, R]):
             # one request's bad input must not fail the others merged with it: retry one by one
             for item in live:
                 try:
-                    (result,) = await loop.run_in_executor(self._executor, run, key, [item.payload])
+                    (result,) = await self._on_thread(self._executor, run, key, [item.payload])
                 except Exception as exc:
                     _settle(item.future, error=exc)
                 else:

@@ -380,6 +380,72 @@ def test_recent_peak_remembers_the_load_for_one_to_two_windows():
     assert peak() == 0
 
 
+def test_a_batcher_is_busy_while_a_call_runs_on_its_thread_even_after_its_request_gave_up():
+    """``idle`` counts calls on the batcher's threads, not requests waiting for them: a request that
+    timed out leaves its call running (a thread cannot be stopped), and the cores stay taken until it
+    returns. Batched, unbatched and ``run_alone`` calls alike."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow(_key, payloads):
+        started.set()
+        release.wait(10)
+        return payloads
+
+    async def scenario(batcher: ContinuousBatcher, call):
+        await batcher.start()
+        assert batcher.idle
+        task = asyncio.create_task(call(batcher))
+        assert await asyncio.to_thread(started.wait, 10)
+        assert not batcher.idle
+        task.cancel()  # the request gives up; its call does not
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+        busy_after_cancel = not batcher.idle
+        release.set()
+        for _ in range(200):
+            if batcher.idle:
+                break
+            await asyncio.sleep(0.01)
+        await batcher.stop()
+        return busy_after_cancel, batcher.idle
+
+    calls = {
+        "batched": (True, lambda b: b.submit("k", 1)),
+        "unbatched": (False, lambda b: b.submit("k", 1)),
+        "alone": (True, lambda b: b.run_alone(slow, "k", [1])),
+    }
+    for name, (enabled, call) in calls.items():
+        started.clear()
+        release.clear()
+        assert asyncio.run(scenario(ContinuousBatcher(slow, name="t", enabled=enabled), call)) == (True, True), name
+
+
+def test_a_call_cancelled_before_its_thread_starts_it_leaves_the_batcher_idle():
+    """A queued thread call that is cancelled never runs: it must not count as running forever."""
+    release = threading.Event()
+
+    async def scenario():
+        batcher = ContinuousBatcher(lambda key, payloads: payloads, name="t")  # one thread
+        await batcher.start()
+        first = asyncio.create_task(batcher.run_alone(release.wait, 10))
+        second = asyncio.create_task(batcher.run_alone(lambda: None))  # queued behind the first
+        await asyncio.sleep(0.05)
+        second.cancel()
+        await asyncio.sleep(0.05)
+        release.set()
+        await first
+        for _ in range(200):
+            if batcher.idle:
+                break
+            await asyncio.sleep(0.01)
+        idle = batcher.idle
+        await batcher.stop()
+        return idle
+
+    assert asyncio.run(scenario())
+
+
 def test_a_lone_call_runs_alone_and_calls_that_start_during_it_wait_for_it():
     gate = LoneCallGate()
     with gate.call() as lone:

@@ -655,6 +655,70 @@ def test_a_lone_request_encodes_and_searches_in_one_call_on_the_index_thread(mak
     assert [r["id"] for r in alone["results"]] == ids[0].tolist()
 
 
+def test_a_cheap_lone_request_runs_on_the_event_loop_once_its_calls_are_known_to_be_cheap(make_settings, direct, backend):
+    """The first lone request for what is served runs on the index's thread and is timed; the next ones
+    run on the event loop's thread while lone calls stay under PARASEEK_ALONE_ON_EVENT_LOOP_MS, and go
+    back to the thread past it, with it 0, or while a call still runs on a batcher's thread. The
+    answers are the same either way. Milvus searches wait on a socket: never on the event loop."""
+    import asyncio
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    def where() -> str:
+        try:
+            asyncio.get_running_loop()
+            return "loop"
+        except RuntimeError:
+            return threading.current_thread().name.split("_")[0]
+
+    def run(limit_ms: float, busy: bool = False) -> tuple[list[str], list[list[int]]]:
+        with TestClient(create_app(make_settings(lru_size=0, alone_on_event_loop_ms=limit_ms))) as client:
+            engine = client.app.state.engine
+            encoder = engine.require_active().encoder
+            seen: list[str] = []
+            encode = encoder.encode_text_detailed
+
+            def recording_encode(*args, **kwargs):
+                seen.append(where())
+                return encode(*args, **kwargs)
+
+            encoder.encode_text_detailed = recording_encode
+            if busy:  # as if a request that timed out left its call on the encoder's thread
+                engine.encoder_batcher._on_threads += 1
+            answers = [client.post("/v1/search", json={"query": q, "k": 6, "expansion": {"method": "none"}}).json()
+                       for q in ("a dog on a sofa", "a red double decker bus", "a plate of pasta")]
+        return seen, [[r["id"] for r in a["results"]] for a in answers]
+
+    seen, ids = run(1000)
+    assert seen == (["index", "loop", "loop"] if backend == "faiss" else ["index"] * 3)
+    enc, snap = direct
+    for q, got in zip(("a dog on a sofa", "a red double decker bus", "a plate of pasta"), ids):
+        assert got == snap.search_ids(enc.encode_text([q]), 6)[1][0].tolist()
+    assert run(0)[0] == ["index"] * 3
+    assert run(1e-6)[0] == ["index"] * 3  # the calls take longer than that
+    assert run(1000, busy=True)[0] == ["index"] * 3
+
+
+def test_a_search_that_waits_on_the_network_never_runs_on_the_event_loop(tmp_path):
+    """Milvus answers over a socket: however fast its lone searches were, they stay off the event loop."""
+    from types import SimpleNamespace
+
+    from paraseek.core.settings import Settings
+    from paraseek.service.engine import SearchEngine
+    from paraseek.service.prometheus import ServiceMetrics
+    from paraseek.service.runtime import Active
+
+    engine = SearchEngine(Settings(home=tmp_path), ServiceMetrics())
+    for backend, on_loop in (("faiss", True), ("milvus", False)):
+        active = Active(SimpleNamespace(), SimpleNamespace(backend=backend))
+        engine._lone_call_took(active, 2.0)
+        assert engine._alone_on_event_loop(active) is on_loop
+        assert not engine._alone_on_event_loop(Active(SimpleNamespace(), SimpleNamespace(backend=backend)))  # another one
+
+
 def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make_settings):
     """A lone request's search runs after its encoder call has left every core idle, so it gets them
     all (an exact scan splits among them); a one-row search while others are in flight gets
