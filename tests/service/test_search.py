@@ -702,6 +702,63 @@ def test_a_cheap_lone_request_runs_on_the_event_loop_once_its_calls_are_known_to
     assert run(1000, busy=True)[0] == ["index"] * 3
 
 
+@pytest.mark.parametrize("own_task", [True, False], ids=["wait_for", "in-the-request-task"])
+def test_requests_arriving_together_are_batched_not_run_one_by_one_on_the_event_loop(make_settings, backend,
+                                                                                      own_task, monkeypatch):
+    """Requests read in one pass of the event loop start their tasks one after another: the first is
+    briefly the only one in flight. It must not take the event loop (each next one would find itself
+    alone too, and the requests would run one at a time): at most one of them runs there, and the
+    rest share encoder calls. Whether the deadline runs the request in a task of its own (wait_for,
+    which lets the others start first) or in the request's task (asyncio.timeout) must not matter."""
+    import asyncio
+    import sys
+
+    from paraseek.service.main import create_app
+
+    if not own_task:
+        if sys.version_info < (3, 11):
+            pytest.skip("asyncio.timeout is CPython 3.11+")
+
+        async def in_the_request_task(awaitable, seconds):
+            async with asyncio.timeout(seconds):
+                return await awaitable
+
+        monkeypatch.setattr(asyncio, "wait_for", in_the_request_task)
+
+    app = create_app(make_settings(lru_size=0, alone_on_event_loop_ms=1000))
+    engine = app.state.engine
+    on_loop: list[bool] = []
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            encoder = engine.require_active().encoder
+            encode = encoder.encode_text_detailed
+
+            def recording_encode(*args, **kwargs):
+                try:
+                    asyncio.get_running_loop()
+                    on_loop.append(True)
+                except RuntimeError:
+                    on_loop.append(False)
+                return encode(*args, **kwargs)
+
+            encoder.encode_text_detailed = recording_encode
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                async def one(q: str):
+                    return await c.post("/v1/search", json={"query": q, "k": 5, "expansion": {"method": "none"}})
+
+                for q in ("a dog", "a cat"):  # lone requests: the second runs on the event loop (FAISS)
+                    assert (await one(q)).status_code == 200
+                return await asyncio.gather(*(one(f"a photo of a bus number {i}") for i in range(12)))
+
+    responses = asyncio.run(go())
+    assert all(r.status_code == 200 for r in responses)
+    assert on_loop[:2] == [False, backend == "faiss"]
+    together = on_loop[2:]
+    assert sum(together) <= 1 and len(together) < 12  # merged calls: fewer calls than requests
+
+
 def test_a_search_that_waits_on_the_network_never_runs_on_the_event_loop(tmp_path):
     """Milvus answers over a socket: however fast its lone searches were, they stay off the event loop."""
     from types import SimpleNamespace
@@ -712,6 +769,7 @@ def test_a_search_that_waits_on_the_network_never_runs_on_the_event_loop(tmp_pat
     from paraseek.service.runtime import Active
 
     engine = SearchEngine(Settings(home=tmp_path), ServiceMetrics())
+    engine.in_flight = 1
     for backend, on_loop in (("faiss", True), ("milvus", False)):
         active = Active(SimpleNamespace(), SimpleNamespace(backend=backend))
         engine._lone_call_took(active, 2.0)
