@@ -48,7 +48,7 @@ class Settings(BaseSettings):
                                "uses every core (a second session of the text tower, CPU only): lower latency at low load")
     alone_on_event_loop_ms: float = Field(
         25, ge=0, description="the only request in flight runs its encoder call and search on the event loop's thread, "
-        "without two thread hand-offs (robust starter int8, 100K flat, 2 cores: ~0.5 ms less a request), while such "
+        "without two thread hand-offs (robust starter int8, 100K flat, 2 cores: ~0.35 ms less a request), while such "
         "requests lately took at most this many ms: a request arriving meanwhile waits that long to be read, as it would "
         "for the cores that call holds; 0: always on the index's thread")
     faiss_threads: int | None = Field(1, ge=1, description="threads of a one-row search while other requests are in flight")

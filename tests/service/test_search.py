@@ -761,6 +761,8 @@ def test_requests_arriving_together_are_batched_not_run_one_by_one_on_the_event_
 
 def test_a_search_that_waits_on_the_network_never_runs_on_the_event_loop(tmp_path):
     """Milvus answers over a socket: however fast its lone searches were, they stay off the event loop."""
+    import gc
+    import weakref
     from types import SimpleNamespace
 
     from paraseek.core.settings import Settings
@@ -775,6 +777,10 @@ def test_a_search_that_waits_on_the_network_never_runs_on_the_event_loop(tmp_pat
         engine._lone_call_took(active, 2.0)
         assert engine._alone_on_event_loop(active) is on_loop
         assert not engine._alone_on_event_loop(Active(SimpleNamespace(), SimpleNamespace(backend=backend)))  # another one
+    served = weakref.ref(active)
+    del active
+    gc.collect()
+    assert served() is None  # the timing does not keep a replaced encoder and snapshot alive
 
 
 def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make_settings):
