@@ -46,11 +46,11 @@ from paraseek.index.faiss_index import (
     to_search_device,
 )
 from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
-from paraseek.index.fp16_scan import MAX_K as FP16_MAX_K
-from paraseek.index.fp16_scan import Fp16Scan
 from paraseek.index.gpu_scan import MAX_K as SCAN_MAX_K
 from paraseek.index.gpu_scan import ExactScan, exact_scan_for
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError
+from paraseek.index.quantized_scan import MAX_K as QUANTIZED_MAX_K
+from paraseek.index.quantized_scan import Codec, QuantizedScan
 from paraseek.index.recall import build_faiss_index, measure_recall
 from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
 from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, SnapshotManifest, build_is_stale, build_owner, versions_to_prune
@@ -261,10 +261,10 @@ class FilteredSnapshot:
         queries = snap.check_queries(queries)
         spec = snap.manifest.index
         if spec.exact or len(self.rows) <= max(SMALL_MATCH, k):
-            fp16 = snap.fp16_scan_for(queries, k)
-            if fp16 is not None and len(self.rows) * 4 > len(snap.ids):
-                # a broad filter's exact search reads every row anyway (masked_exact_search): read the fp16 copy
-                scores, numbers = fp16.search(queries, k, search_threads(), among=self.rows)
+            copy = snap.scan_copy_for(queries, k)
+            if copy is not None and len(self.rows) * 4 > len(snap.ids):
+                # a broad filter's exact search reads every row anyway (masked_exact_search): read the copy
+                scores, numbers = copy.search(queries, k, search_threads(), among=self.rows)
                 return padded(scores, snap.ids[numbers], k)
             # a flat index's own rows where it has them (the same order as vectors.npy): one file's pages, not two
             vectors = snap._flat if snap._flat is not None else snap.vectors()
@@ -304,7 +304,7 @@ class Snapshot(SearchableSnapshot):
         # a view of the flat index's own memory, for scans split among threads (no copy)
         self._flat = flat_rows(index) if manifest.index.exact and device == "cpu" else None
         self._scan = scan  # exact search on a GPU through onnxruntime (``gpu_scan``), where one took the rows
-        self._fp16: Fp16Scan | None = None  # searches of a few queries read an fp16 copy (``prepare_serving``)
+        self._scan_copy: QuantizedScan | None = None  # searches of a few queries read it (``prepare_serving``)
 
     @classmethod
     def load(
@@ -377,9 +377,9 @@ class Snapshot(SearchableSnapshot):
             scores, positions = self._scan.search(queries, k)
             return scores, self.ids[positions]
         parts = search_threads()
-        fp16 = self.fp16_scan_for(queries, k)
-        if fp16 is not None:
-            scores, numbers = fp16.search(queries, k, parts)
+        copy = self.scan_copy_for(queries, k)
+        if copy is not None:
+            scores, numbers = copy.search(queries, k, parts)
             return scores, self.ids[numbers]
         if self._flat is not None and parts > 1 and len(queries) < BLAS_MIN_QUERIES and len(self._flat) >= SPLIT_SCAN_MIN_ROWS:
             scores, numbers = split_scan(self._flat, queries, k, parts)
@@ -388,30 +388,31 @@ class Snapshot(SearchableSnapshot):
         exact = self.exact_vectors() if (spec.refine_factor or 1) > 1 and not spec.exact else None
         return search(self.index, spec, queries, k, exact)
 
-    def fp16_scan_for(self, queries: np.ndarray, k: int) -> Fp16Scan | None:
-        """The fp16 copy where one was made and it serves this search (a few queries, k within its bound)."""
-        return self._fp16 if len(queries) < BLAS_MIN_QUERIES and k <= FP16_MAX_K else None
+    def scan_copy_for(self, queries: np.ndarray, k: int) -> QuantizedScan | None:
+        """The quantized copy where one was made and it serves this search (a few queries, k within its bound)."""
+        return self._scan_copy if len(queries) < BLAS_MIN_QUERIES and k <= QUANTIZED_MAX_K else None
 
-    def prepare_serving(self, *, fp16_scan: bool = True) -> None:
-        """The fp16 copy of a flat collection on the CPU (``index.fp16_scan``) for its searches of fewer than
-        ``BLAS_MIN_QUERIES`` queries; not for collections small enough to stay cached, nor where the copy
-        would take more than a quarter of the memory available."""
+    def prepare_serving(self, *, scan_copy: Codec | None = "int8") -> None:
+        """A quantized copy of a flat collection on the CPU (``index.quantized_scan``) for its searches of
+        fewer than ``BLAS_MIN_QUERIES`` queries; not for collections small enough to stay cached, nor where
+        the copy would take more than a quarter of the memory available."""
         rows = self._flat
-        if not fp16_scan or rows is None or len(rows) < SPLIT_SCAN_MIN_ROWS or self._fp16 is not None:
+        if not scan_copy or rows is None or len(rows) < SPLIT_SCAN_MIN_ROWS or self._scan_copy is not None:
             return
-        if rows.nbytes / 2 > available_memory_bytes() / 4:
-            log.warning("snapshot %s: no fp16 copy for searches of a few queries (%.0f MB, more than a quarter of "
-                        "the memory available); they scan the fp32 rows", self.path.name, rows.nbytes / 2 / 2**20)
+        size = rows.nbytes // (4 if scan_copy == "int8" else 2)
+        if size > available_memory_bytes() / 4:
+            log.warning("snapshot %s: no %s copy for searches of a few queries (%.0f MB, more than a quarter of "
+                        "the memory available); they scan the fp32 rows", self.path.name, scan_copy, size / 2**20)
             return
         started = time.perf_counter()
         try:
-            self._fp16 = Fp16Scan(rows)
+            self._scan_copy = QuantizedScan(rows, scan_copy)
         except ValueError as exc:
-            log.warning("snapshot %s: no fp16 copy for searches of a few queries: %s", self.path.name, exc)
+            log.warning("snapshot %s: no %s copy for searches of a few queries: %s", self.path.name, scan_copy, exc)
             return
-        self.fp16_copy_bytes = self._fp16.nbytes
-        log.info("snapshot %s: fp16 copy for searches of a few queries, %.0f MB in %.2f s", self.path.name,
-                 self.fp16_copy_bytes / 2**20, time.perf_counter() - started)
+        self.scan_copy_bytes = self._scan_copy.nbytes
+        log.info("snapshot %s: %s copy for searches of a few queries, %.0f MB in %.2f s", self.path.name, scan_copy,
+                 self.scan_copy_bytes / 2**20, time.perf_counter() - started)
 
     def filtered(self, flt: SearchFilter) -> FilteredSnapshot:
         key = flt.key()

@@ -32,6 +32,7 @@ from paraseek.index.image_sources import resolve_within
 if TYPE_CHECKING:
     from paraseek.index.faiss_index import IndexSpec
     from paraseek.index.filters import SearchFilter
+    from paraseek.index.quantized_scan import Codec
     from paraseek.index.versions import BundleRef, SnapshotManifest, VersionDraft
 
 # v0001-20261122T080000Z-3f9a: a number and a UTC time (sortable), and a random suffix (versions
@@ -74,7 +75,7 @@ class SearchableSnapshot(ABC):
     manifest: SnapshotManifest
     device: str
     memory_mapped: bool = False  # searched through a memory map of its files rather than copies in this process
-    fp16_copy_bytes: int = 0  # what ``prepare_serving`` added to this process: a flat collection's fp16 copy
+    scan_copy_bytes: int = 0  # what ``prepare_serving`` added to this process: a flat collection's quantized copy
 
     @property
     def version(self) -> str:
@@ -91,9 +92,10 @@ class SearchableSnapshot(ABC):
     def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, ids), each (Q, k') with k' = min(k, size); padded ids are -1."""
 
-    def prepare_serving(self, *, fp16_scan: bool = True) -> None:
+    def prepare_serving(self, *, scan_copy: Codec | None = "int8") -> None:
         """Build what a server searches with beyond the stored files, once, before it serves this version
-        (``fp16_scan``: a flat FAISS snapshot's fp16 copy, ``index.fp16_scan``); nothing by default."""
+        (``scan_copy``: the codec of a flat FAISS snapshot's quantized copy, ``index.quantized_scan``, or
+        None for none); nothing by default."""
         return None  # backends whose searches run elsewhere (a Milvus server) build nothing here
 
     @abstractmethod

@@ -45,7 +45,7 @@ def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data
         assert job["state"] == "succeeded", job
         assert job["report"]["indexed"] == 159 and job["progress"]["done"] == 159
         after = c.get("/v1/info").json()["snapshot"]
-        assert before["fp16_copy_bytes"] == after["fp16_copy_bytes"] == 0  # no copy of small or approximate indexes
+        assert before["scan_copy_bytes"] == after["scan_copy_bytes"] == 0  # no copy of small or approximate indexes
         assert after["count"] == 159 and after["version"] == job["snapshot_version"] != before["version"]
         assert after["index"]["type"] == "hnsw" and after["recall_at_10"] >= 0.9
         assert (snapshot_copy / "current").read_text().strip() == after["version"]

@@ -37,7 +37,7 @@ def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encode
     assert store.kwargs["use_gpu"] is None
 
 
-def test_the_service_loads_a_flat_snapshot_with_its_fp16_copy_unless_told_not_to(tmp_path, monkeypatch):
+def test_the_service_loads_a_flat_snapshot_with_its_quantized_copy_unless_told_not_to(tmp_path, monkeypatch):
     import paraseek.index.snapshot as snapshot_module
     from paraseek.index.snapshot import FaissStore
     from paraseek.service.runtime import load_snapshot
@@ -46,6 +46,8 @@ def test_the_service_loads_a_flat_snapshot_with_its_fp16_copy_unless_told_not_to
     monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 1000)  # the collection has 4K
     store = FaissStore(build(tmp_path, "flat"))
     served = load_snapshot(store, SPACE, Settings(home=tmp_path))
-    assert served._fp16 is not None and served.fp16_copy_bytes == 4000 * 32 * 2
-    told = load_snapshot(store, SPACE, Settings(home=tmp_path, flat_fp16_scan=False))
-    assert told._fp16 is None and told.fp16_copy_bytes == 0
+    assert served._scan_copy is not None and served.scan_copy_bytes == 4000 * 32  # int8: a byte a dimension
+    fp16 = load_snapshot(store, SPACE, Settings(home=tmp_path, flat_scan_copy="fp16"))
+    assert fp16._scan_copy is not None and fp16.scan_copy_bytes == 4000 * 32 * 2
+    told = load_snapshot(store, SPACE, Settings(home=tmp_path, flat_scan_copy="off"))
+    assert told._scan_copy is None and told.scan_copy_bytes == 0

@@ -1,35 +1,49 @@
-"""Searches of a few queries over a flat collection on the CPU, at half the memory traffic.
+"""Searches of a few queries over a flat collection on the CPU, from a quantized copy of its rows.
 
 One query against a flat collection does 2 flops a byte it reads: the scan is bound by memory
 bandwidth, not arithmetic, and gets slower the longer the rows have been out of the cache (100K x 384,
 2-core Emerald Rapids, two threads: 3.5-3.8 ms back to back, 5-6 ms in a server at concurrency 1, where
-a request's encoder call and the network pass between two searches). An fp16 copy of the rows, scored
-by faiss' scalar quantizer (converted in registers, F16C / AVX-512), reads half the bytes: the same
-collection on one thread 8.9 -> 3.9 ms. The few candidates each part finds are rescored from the fp32
-rows, and a query whose k-th score is within fp16's rounding error of the best row a part left out is
-scanned again for more: the results are the flat index's.
+a request's encoder call and the network pass between two searches). A copy of the rows in fewer bytes,
+scored by faiss' scalar quantizer (decoded in registers), reads less:
+
+* ``int8`` (the default): one byte a dimension, each dimension's range of the rows in 256 steps. The
+  same collection, two threads, right after an encoder call: 3.3-3.8 ms from an fp16 copy, 2.7-2.8
+  from this one (and the same 2.6 in a tight loop, where both stay in the cache).
+* ``fp16``: two bytes a dimension, about 1/2048 of each value.
+
+Each part's best candidates are rescored from the fp32 rows, and a query whose k-th score is not
+clear of what a part left out, by the most the copy can misjudge a score, is scanned again for more:
+the results are the flat index's. That most is measured, not assumed: the largest difference between
+each dimension's stored values and their decoded copies, over every row, weighted by the query's
+absolute values (|q.x - q.x'| <= sum_i |q_i| |x_i - x'_i|), plus a margin for the kernel's own float
+sums. On 600 encoded COCO captions over 100K x 384 rows, none needed a second scan at k 10 to 128
+with ``2k + 64`` candidates a part (int8 or fp16).
 
 Batches of many queries stay with faiss' fp32 BLAS path, which is bound by arithmetic and reads the rows
-once for the whole batch. The copy costs half the rows' memory again.
+once for the whole batch.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import Literal
 
 import faiss
 import numpy as np
 
 from paraseek.index.faiss_index import one_thread, scan_helpers
 
-# candidates per part, in multiples of k (and at least k + 16), rescored from the fp32 rows
-RESCORE_FACTOR = 4
-# past this k the candidates' heaps and rescoring cost more than the halved reads save (100K x 384, 2 cores,
-# one query, fp16 against fp32 alternating: k 10 5.26 against 5.53 ms, 64 5.48 against 5.50, 100 5.77
-# against 5.56); such searches take the fp32 path
-MAX_K = 64
+Codec = Literal["int8", "fp16"]
+CODECS: dict[str, int] = {"int8": faiss.ScalarQuantizer.QT_8bit, "fp16": faiss.ScalarQuantizer.QT_fp16}
+# candidates a part gives for rescoring: 2k + EXTRA_CANDIDATES
+EXTRA_CANDIDATES = 64
+# past this k the candidates' heaps and rescoring cost more than the smaller reads save (100K x 384, 2 cores,
+# one query after an encoder call, int8 copy against the fp32 split scan: k 100 2.7 against ~5.5 ms; fp16's
+# copy with 4k candidates broke even at 64)
+MAX_K = 128
 FP16_MAX = float(np.finfo(np.float16).max)
+_BLOCK = 65_536  # rows decoded at a time when measuring the copy's error: no temporary the size of a part
 
 
 def _available_cores() -> int:
@@ -39,35 +53,48 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
-class Fp16Scan:
-    """An fp16 copy of ``rows`` (N, d) float32, the rows of an inner-product flat index, in ``chunks``
-    consecutive parts (default: one a core), so a search can share them among threads."""
+class QuantizedScan:
+    """A copy of ``rows`` (N, d) float32, the rows of an inner-product flat index, in ``codec``, in
+    ``chunks`` consecutive parts (default: one a core), so a search can share them among threads."""
 
-    def __init__(self, rows: np.ndarray, chunks: int | None = None):
+    def __init__(self, rows: np.ndarray, codec: Codec = "int8", chunks: int | None = None):
+        if codec not in CODECS:
+            raise ValueError(f"codec {codec!r}: one of {', '.join(CODECS)}")
         self.rows = rows
-        count = len(rows)
+        self.codec = codec
+        count, dim = rows.shape
         chunks = max(1, min(chunks or _available_cores(), count))
         bounds = np.linspace(0, count, chunks + 1).astype(np.int64)
         self._parts: list[tuple[int, faiss.Index]] = []
-        largest = 0.0
+        error = np.zeros(dim, np.float32)  # the most a dimension's decoded value differs from the stored one
+        largest = 0.0  # the largest squared row norm
         for begin, end in zip(bounds[:-1], bounds[1:]):
             part_rows = np.ascontiguousarray(rows[begin:end], dtype=np.float32)
-            for block in range(0, len(part_rows), 65_536):  # no temporary the size of the part
-                block_rows = part_rows[block:block + 65_536]
-                if float(np.abs(block_rows).max()) > FP16_MAX:
-                    raise ValueError("the vectors have components beyond fp16's range")
-                largest = max(largest, float(np.einsum("ij,ij->i", block_rows, block_rows).max()))
-            part = faiss.IndexScalarQuantizer(rows.shape[1], faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
-            part.add(part_rows)  # fp16 needs no training
+            if codec == "fp16" and any(float(np.abs(part_rows[b:b + _BLOCK]).max()) > FP16_MAX
+                                       for b in range(0, len(part_rows), _BLOCK)):
+                raise ValueError("the vectors have components beyond fp16's range")
+            part = faiss.IndexScalarQuantizer(dim, CODECS[codec], faiss.METRIC_INNER_PRODUCT)
+            part.train(part_rows)  # int8: each dimension's range over this part's rows (fp16 trains nothing)
+            part.add(part_rows)
+            for b in range(0, len(part_rows), _BLOCK):
+                block = part_rows[b:b + _BLOCK]
+                decoded = part.sa_decode(part.sa_encode(block))
+                error = np.maximum(error, np.abs(decoded - block).max(axis=0))
+                largest = max(largest, float(np.einsum("ij,ij->i", block, block).max()))
             self._parts.append((int(begin), part))
-        # how far an fp16 score can be from the fp32 one, per unit of query norm: each component rounded
-        # by at most 2^-11 of itself (2^-25 below fp16's normal range), doubled for the sums' own rounding
-        self._error_per_query_norm = 2.0 ** -10 * math.sqrt(largest) + 2.0 ** -24 * math.sqrt(rows.shape[1])
+        self._error = error
+        # the kernel's float32 sums (and its decoding, which may round differently from sa_decode): at most
+        # d * 2^-24 of sum |q_i x_i| <= |q| |x|; four times that
+        self._rounding_per_query_norm = dim * 2.0 ** -22 * math.sqrt(largest)
 
     @property
     def nbytes(self) -> int:
         """Memory the copy holds."""
         return sum(part.sa_code_size() * part.ntotal for _, part in self._parts)
+
+    def score_error(self, queries: np.ndarray) -> np.ndarray:
+        """Per query, the most a row's score from the copy can differ from its fp32 score."""
+        return np.abs(queries) @ self._error + self._rounding_per_query_norm * np.linalg.norm(queries, axis=1)
 
     def search(self, queries: np.ndarray, k: int, threads: int = 1,
                among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -76,8 +103,8 @@ class Fp16Scan:
         ``among``: only these row numbers (a filter's matches; meant for broad ones: the scan reads every
         row and keeps the candidates among them, taking more in proportion).
 
-        A query whose k-th score is not clear of what its parts left out (fp16 cannot tell their best
-        left-out rows from it: near-duplicates) is scanned again for four times the candidates."""
+        A query whose k-th score is not clear of what its parts left out (the copy cannot tell their
+        best left-out rows from it: near-duplicates) is scanned again for four times the candidates."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         count = len(self.rows)
         accepted = None
@@ -87,9 +114,9 @@ class Fp16Scan:
         k = min(int(k), count if among is None else len(among))
         scores = np.empty((len(queries), k), np.float32)
         numbers = np.empty((len(queries), k), np.int64)
-        errors = self._error_per_query_norm * np.linalg.norm(queries, axis=1)
+        errors = self.score_error(queries)
         todo = np.arange(len(queries)) if k else np.arange(0)
-        wanted = max(RESCORE_FACTOR * k, k + 16)
+        wanted = 2 * k + EXTRA_CANDIDATES
         if among is not None:  # the candidates kept are the filter's share of those found
             wanted = math.ceil(wanted * count / max(1, len(among)))
         while len(todo):
@@ -111,8 +138,8 @@ class Fp16Scan:
 
 def _candidates(parts: list[tuple[int, faiss.Index]], queries: np.ndarray, wanted: int,
                 threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each part's top ``wanted`` rows by their fp16 scores (Q, ...), -1 padded, and per query the best
-    fp16 score a part left out could have (-inf where every part gave all its rows)."""
+    """Each part's top ``wanted`` rows by their copy's scores (Q, ...), -1 padded, and per query the best
+    copy's score a part left out could have (-inf where every part gave all its rows)."""
     threads = max(1, min(threads, len(parts)))
     groups = [parts[i::threads] for i in range(threads)]
     pending = [scan_helpers().submit(_scan_parts, group, queries, wanted) for group in groups[1:]]
@@ -124,7 +151,7 @@ def _candidates(parts: list[tuple[int, faiss.Index]], queries: np.ndarray, wante
 
 
 def _scan_parts(parts: list[tuple[int, faiss.Index]], queries: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
-    """(candidate row numbers (Q, the parts' top ``wanted`` each), -1 padded; the best fp16 score these
+    """(candidate row numbers (Q, the parts' top ``wanted`` each), -1 padded; the best copy's score these
     parts left out could have, per query: the last one kept by a part that had more rows)."""
     found = []
     left_out = np.full(len(queries), -np.inf, np.float32)
