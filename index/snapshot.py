@@ -336,7 +336,7 @@ class Snapshot(SearchableSnapshot):
         set_threads(threads)
         mapped = memory_map and (manifest.index.type in IVF_TYPES or manifest.index.exact)
         # IVF: the lists; flat: its vectors (faiss' flat codes), which batches scan whole, while searches of
-        # a few queries read the fp16 copy a server makes (``prepare_serving``)
+        # a few queries read the quantized copy a server makes (``prepare_serving``)
         flags = faiss.IO_FLAG_MMAP_IFC if manifest.index.exact else faiss.IO_FLAG_MMAP
         index = faiss.read_index(str(version_dir / "index.faiss"), flags | faiss.IO_FLAG_READ_ONLY if mapped else 0)
         apply_search_params(index, manifest.index)

@@ -25,7 +25,7 @@ def test_the_quantized_scan_answers_as_faiss_flat(chunks, threads, codec):
         scores, numbers = scan.search(q, k, threads)
         want_scores, want_numbers = flat.search(q, k)
         np.testing.assert_array_equal(numbers, want_numbers)
-        # rescored from the fp32 rows: the flat index's scores, not the fp16 copy's
+        # rescored from the fp32 rows: the flat index's scores, not the copy's
         np.testing.assert_allclose(scores, want_scores, rtol=1e-6, atol=1e-6)
 
 
