@@ -43,7 +43,7 @@ EXTRA_CANDIDATES = 64
 # copy with 4k candidates broke even at 64)
 MAX_K = 128
 FP16_MAX = float(np.finfo(np.float16).max)
-_BLOCK = 65_536  # rows decoded at a time when measuring the copy's error: no temporary the size of a part
+_BLOCK = 8_192  # rows decoded at a time when measuring the copy's error: temporaries of a few MB, which the heap reuses
 
 
 def _available_cores() -> int:
