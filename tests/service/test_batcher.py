@@ -528,6 +528,7 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
     class Engine:
         in_flight = 0
         encoder_load = RecentPeak()
+        recent_in_flight = RecentPeak()
         index_batcher = SimpleNamespace(pending=0)  # requests waiting at the index
         settings = Settings(max_in_flight=1)
         metrics = ServiceMetrics()
@@ -546,6 +547,7 @@ def test_requests_in_flight_are_counted_until_they_end_or_fail():
     # requests waiting at the index are not coming to the encoder: they do not count in its load
     engine.encoder_load, engine.index_batcher.pending = RecentPeak(), 1
     assert asyncio.run(engine.answer()) == 1 and engine.encoder_load() == 0
+    assert engine.recent_in_flight() == 1  # but they count as requests in flight (the event-loop path's guard)
     with pytest.raises(ValueError):
         asyncio.run(engine.fail())
     assert engine.in_flight == 0
