@@ -36,6 +36,7 @@ from paraseek.index.faiss_index import one_thread, scan_helpers
 
 Codec = Literal["int8", "fp16"]
 CODECS: dict[str, int] = {"int8": faiss.ScalarQuantizer.QT_8bit, "fp16": faiss.ScalarQuantizer.QT_fp16}
+BYTES_PER_DIMENSION: dict[str, int] = {"int8": 1, "fp16": 2}  # what a copy of N x d rows holds: N d times this
 # candidates a part gives for rescoring: 2k + EXTRA_CANDIDATES
 EXTRA_CANDIDATES = 64
 # past this k the candidates' heaps and rescoring cost more than the smaller reads save (100K x 384, 2 cores,

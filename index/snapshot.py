@@ -49,8 +49,8 @@ from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
 from paraseek.index.gpu_scan import MAX_K as SCAN_MAX_K
 from paraseek.index.gpu_scan import ExactScan, exact_scan_for
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError
+from paraseek.index.quantized_scan import BYTES_PER_DIMENSION, Codec, QuantizedScan
 from paraseek.index.quantized_scan import MAX_K as QUANTIZED_MAX_K
-from paraseek.index.quantized_scan import Codec, QuantizedScan
 from paraseek.index.recall import build_faiss_index, measure_recall
 from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
 from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, SnapshotManifest, build_is_stale, build_owner, versions_to_prune
@@ -399,7 +399,7 @@ class Snapshot(SearchableSnapshot):
         rows = self._flat
         if not scan_copy or rows is None or len(rows) < SPLIT_SCAN_MIN_ROWS or self._scan_copy is not None:
             return
-        size = rows.nbytes // (4 if scan_copy == "int8" else 2)
+        size = rows.size * BYTES_PER_DIMENSION[scan_copy]
         if size > available_memory_bytes() / 4:
             log.warning("snapshot %s: no %s copy for searches of a few queries (%.0f MB, more than a quarter of "
                         "the memory available); they scan the fp32 rows", self.path.name, scan_copy, size / 2**20)

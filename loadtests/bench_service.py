@@ -393,7 +393,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
         precisions = tuple(args.precisions or serving_precisions(bundle))
         for size in args.sizes:
             root = prepare_snapshot(bundle, size, work, args.data, args.index)
-            # searched as the server searches it: on its device, with what it builds to serve (the fp16 copy)
+            # searched as the server searches it: on its device, with what it builds to serve (the quantized copy)
             snap = load_snapshot(FaissStore(root), read_manifest(bundle, verify=False).image_space, Settings())
             c = ceilings(bundle, snap, texts, queries_of, precisions)
             ix = c["index"]
