@@ -304,7 +304,7 @@ class Snapshot(SearchableSnapshot):
         # a view of the flat index's own memory, for scans split among threads (no copy)
         self._flat = flat_rows(index) if manifest.index.exact and device == "cpu" else None
         self._scan = scan  # exact search on a GPU through onnxruntime (``gpu_scan``), where one took the rows
-        self._scan_copy: QuantizedScan | None = None  # searches of a few queries read it (``prepare_serving``)
+        self._scan_copy: QuantizedScan | None = None  # its searches read it (``prepare_serving``)
 
     @classmethod
     def load(
@@ -335,8 +335,8 @@ class Snapshot(SearchableSnapshot):
                      len(manifest.files) - len(hashed))
         set_threads(threads)
         mapped = memory_map and (manifest.index.type in IVF_TYPES or manifest.index.exact)
-        # IVF: the lists; flat: its vectors (faiss' flat codes), which batches scan whole, while searches of
-        # a few queries read the quantized copy a server makes (``prepare_serving``)
+        # IVF: the lists; flat: its vectors (faiss' flat codes), which searches scan whole where no quantized
+        # copy serves them (a server makes one, ``prepare_serving``)
         flags = faiss.IO_FLAG_MMAP_IFC if manifest.index.exact else faiss.IO_FLAG_MMAP
         index = faiss.read_index(str(version_dir / "index.faiss"), flags | faiss.IO_FLAG_READ_ONLY if mapped else 0)
         apply_search_params(index, manifest.index)
@@ -389,29 +389,31 @@ class Snapshot(SearchableSnapshot):
         return search(self.index, spec, queries, k, exact)
 
     def scan_copy_for(self, queries: np.ndarray, k: int) -> QuantizedScan | None:
-        """The quantized copy where one was made and it serves this search (a few queries, k within its bound)."""
-        return self._scan_copy if len(queries) < BLAS_MIN_QUERIES and k <= QUANTIZED_MAX_K else None
+        """The quantized copy where one was made and it serves this search (k within its bound; fp16: a few
+        queries)."""
+        copy = self._scan_copy
+        return copy if copy is not None and len(queries) <= copy.max_queries and k <= QUANTIZED_MAX_K else None
 
     def prepare_serving(self, *, scan_copy: Codec | None = "int8") -> None:
-        """A quantized copy of a flat collection on the CPU (``index.quantized_scan``) for its searches of
-        fewer than ``BLAS_MIN_QUERIES`` queries; not for collections small enough to stay cached, nor where
-        the copy would take more than a quarter of the memory available."""
+        """A quantized copy of a flat collection on the CPU (``index.quantized_scan``) for its searches (fp16:
+        of fewer than ``BLAS_MIN_QUERIES`` queries); not for collections small enough to stay cached, nor
+        where the copy would take more than a quarter of the memory available."""
         rows = self._flat
         if not scan_copy or rows is None or len(rows) < SPLIT_SCAN_MIN_ROWS or self._scan_copy is not None:
             return
         size = rows.size * BYTES_PER_DIMENSION[scan_copy]
         if size > available_memory_bytes() / 4:
-            log.warning("snapshot %s: no %s copy for searches of a few queries (%.0f MB, more than a quarter of "
-                        "the memory available); they scan the fp32 rows", self.path.name, scan_copy, size / 2**20)
+            log.warning("snapshot %s: no %s copy to search (%.0f MB, more than a quarter of "
+                        "the memory available); searches scan the fp32 rows", self.path.name, scan_copy, size / 2**20)
             return
         started = time.perf_counter()
         try:
             self._scan_copy = QuantizedScan(rows, scan_copy)
         except ValueError as exc:
-            log.warning("snapshot %s: no %s copy for searches of a few queries: %s", self.path.name, scan_copy, exc)
+            log.warning("snapshot %s: no %s copy to search: %s", self.path.name, scan_copy, exc)
             return
         self.scan_copy_bytes = self._scan_copy.nbytes
-        log.info("snapshot %s: %s copy for searches of a few queries, %.0f MB in %.2f s", self.path.name, scan_copy,
+        log.info("snapshot %s: %s copy to search, %.0f MB in %.2f s", self.path.name, scan_copy,
                  self.scan_copy_bytes / 2**20, time.perf_counter() - started)
 
     def filtered(self, flt: SearchFilter) -> FilteredSnapshot:

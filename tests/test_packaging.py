@@ -42,7 +42,8 @@ def test_wheel_holds_every_module_and_data_file_of_the_folders(wheel):
     missing = [f for f in modules if f"paraseek/{f}" not in names]
     assert not missing
     for data in ("service/static/index.html", "core/demo/captions.json", "training/recipes/robust-starter.yaml",
-                 "paraphrase/data/ATTRIBUTION.md", "loadtests/grafana/paraseek-dashboard.json", "index/data/exact_scan.onnx"):
+                 "paraphrase/data/ATTRIBUTION.md", "loadtests/grafana/paraseek-dashboard.json", "index/data/exact_scan.onnx",
+                 "index/data/int8_products.onnx"):
         assert f"paraseek/{data}" in names, data
     assert sum(n.startswith("paraseek/core/demo/gallery/") and n.endswith(".jpg") for n in names) == 76
 

@@ -26,7 +26,7 @@ async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
                      "user_fields": active.snapshot.user_fields,
                      # the index's lists are read from the mapped snapshot file (page cache), not held in process memory
                      "memory_mapped": active.snapshot.memory_mapped,
-                     # searches of 1-3 queries scan a quantized copy of a flat collection (PARASEEK_FLAT_SCAN_COPY)
+                     # searches scan a quantized copy of a flat collection (PARASEEK_FLAT_SCAN_COPY)
                      "scan_copy_bytes": active.snapshot.scan_copy_bytes},
         "cache": engine.cache.backend,
         "batching": engine.encoder_batcher.enabled,

@@ -1,5 +1,5 @@
-"""The quantized copy (int8 or fp16) that flat snapshots on the CPU scan for searches of a few queries:
-the flat index's answers, from a quarter or half of the bytes."""
+"""The quantized copy (int8 or fp16) that flat snapshots on the CPU scan (fp16: searches of a few
+queries): the flat index's answers, from a quarter or half of the bytes."""
 
 import faiss
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 import paraseek.index.snapshot as snapshot_module
 from paraseek.index.faiss_index import search_threads, set_threads
 from paraseek.index import quantized_scan
-from paraseek.index.quantized_scan import QuantizedScan
+from paraseek.index.quantized_scan import INT8_PRODUCTS_MODEL, QuantizedScan, int8_products_model
 from paraseek.index.snapshot import Snapshot
 from tests.index.test_memory_mapped import build, clustered
 
@@ -19,8 +19,8 @@ def test_the_quantized_scan_answers_as_faiss_flat(chunks, threads, codec):
     rows, queries = clustered(6000, 48), clustered(3, 48, seed=5)
     flat = faiss.IndexFlatIP(48)
     flat.add(rows)
-    scan = QuantizedScan(rows, codec, chunks=chunks)
-    assert scan.nbytes == rows.nbytes // (4 if codec == "int8" else 2)
+    scan = QuantizedScan(rows, codec, chunks=chunks, threads=threads)
+    assert scan.nbytes == rows.nbytes // 2  # int8: the codes and onnxruntime's packed copy of them
     for q, k in [(queries, 10), (queries[:1], 1), (queries[:2], 100)]:
         scores, numbers = scan.search(q, k, threads)
         want_scores, want_numbers = flat.search(q, k)
@@ -39,10 +39,10 @@ def test_near_ties_that_the_copy_cannot_tell_apart_are_ranked_by_the_fp32_rows(m
     q = base[None] / np.linalg.norm(base)
     scan = QuantizedScan(rows, codec, chunks=2)
     rounds = []
-    candidates = quantized_scan._candidates
-    monkeypatch.setattr(quantized_scan, "_candidates", lambda p, q, wanted, t: rounds.append(wanted) or candidates(p, q, wanted, t))
+    candidates = scan._copy.candidates
+    monkeypatch.setattr(scan._copy, "candidates", lambda q, wanted, t: rounds.append(wanted) or candidates(q, wanted, t))
     scores, numbers = scan.search(q, 10, 2)
-    # 2k + 64 = 84 candidates a part cannot hold 100 rows the copy scores alike: a second scan takes 336
+    # 2k + 64 = 84 candidates (a part) cannot hold 100 rows the copy scores alike: a second scan takes 336
     assert rounds == [84, 336]
     exact = rows @ q[0]
     np.testing.assert_array_equal(numbers[0], np.argsort(-exact, kind="stable")[:10])
@@ -61,14 +61,15 @@ def test_equal_rows_come_in_row_order_and_small_parts_give_what_they_have():
     assert QuantizedScan(rows, chunks=2).search(q, 50, 2)[1].shape == (1, 20)
 
 
-def test_a_served_flat_snapshot_searches_a_few_queries_through_the_copy(tmp_path, monkeypatch):
+@pytest.mark.parametrize("codec", ["int8", "fp16"])
+def test_a_served_flat_snapshot_searches_through_the_copy(tmp_path, monkeypatch, codec):
     monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 1000)  # the collection has 4K
     root = build(tmp_path, "flat")
     plain = Snapshot.load(root)
     plain.prepare_serving(scan_copy=None)
     served = Snapshot.load(root)
-    served.prepare_serving()
-    assert plain._scan_copy is None and served._scan_copy is not None and served._scan_copy.codec == "int8"
+    served.prepare_serving(scan_copy=codec)
+    assert plain._scan_copy is None and served._scan_copy is not None and served._scan_copy.codec == codec
     calls: list[tuple[int, int]] = []
     search = served._scan_copy.search
     monkeypatch.setattr(served._scan_copy, "search", lambda q, k, t: calls.append((len(q), t)) or search(q, k, t))
@@ -84,10 +85,37 @@ def test_a_served_flat_snapshot_searches_a_few_queries_through_the_copy(tmp_path
                 np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
     finally:
         set_threads(before)
-    # 4+ queries take faiss' matrix-product path; k past the copy's bound too
-    assert calls == [(1, 1), (3, 1), (1, 2), (3, 2)]
-    served.search_ids(queries[:1], quantized_scan.MAX_K + 1)
-    assert len(calls) == 4
+    if codec == "int8":  # a merged batch too
+        assert calls == [(1, 1), (3, 1), (9, 1), (1, 2), (3, 2), (9, 2)]
+    else:  # 4+ queries take faiss' matrix-product path
+        assert calls == [(1, 1), (3, 1), (1, 2), (3, 2)]
+    served.search_ids(queries[:1], quantized_scan.MAX_K + 1)  # k past the copy's bound: the fp32 rows
+    assert len(calls) == (6 if codec == "int8" else 4)
+
+
+def test_the_int8_copy_answers_a_batch_split_among_calls(monkeypatch):
+    monkeypatch.setattr(quantized_scan, "_SCORES_BYTES", 8 * 6000 * 4)  # 4 queries a call over 6K rows
+    rows, queries = clustered(6000, 48), clustered(10, 48, seed=11)
+    scan = QuantizedScan(rows, "int8")
+    assert scan._copy.queries_per_call == 4
+    calls = []
+    run = scan._copy.session.run
+    monkeypatch.setattr(scan._copy.session, "run", lambda out, feeds: calls.append(len(feeds["queries"])) or run(out, feeds))
+    scores, numbers = scan.search(queries, 10)
+    assert calls == [8, 8, 4]  # each query's coarse and fine parts, 4 + 4 + 2 queries
+    want_scores, want_numbers = faiss_flat_search(rows, queries, 10)
+    np.testing.assert_array_equal(numbers, want_numbers)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-6, atol=1e-6)
+
+
+def faiss_flat_search(rows, queries, k):
+    flat = faiss.IndexFlatIP(rows.shape[1])
+    flat.add(rows)
+    return flat.search(queries, k)
+
+
+def test_the_shipped_int8_graph_is_the_one_int8_products_model_writes():
+    assert INT8_PRODUCTS_MODEL.read_bytes() == int8_products_model()
 
 
 def test_no_copy_for_small_or_approximate_snapshots_or_when_memory_is_short(tmp_path, monkeypatch, caplog):
@@ -96,8 +124,9 @@ def test_no_copy_for_small_or_approximate_snapshots_or_when_memory_is_short(tmp_
     small.prepare_serving()
     assert small._scan_copy is None  # 4K rows: below SPLIT_SCAN_MIN_ROWS
     monkeypatch.setattr(snapshot_module, "SPLIT_SCAN_MIN_ROWS", 1000)
-    # an int8 copy (a quarter of the rows' bytes) would take more than a quarter of what is available
-    monkeypatch.setattr(snapshot_module, "available_memory_bytes", lambda: 4000 * 32 * 4 - 1)
+    # an int8 copy (half the rows' bytes: codes and their packed copy) would take more than a quarter of
+    # what is available
+    monkeypatch.setattr(snapshot_module, "available_memory_bytes", lambda: 4000 * 32 * 2 * 4 - 1)
     short = Snapshot.load(root)
     short.prepare_serving()
     assert short._scan_copy is None and "no int8 copy" in caplog.text
@@ -110,7 +139,7 @@ def test_no_copy_for_small_or_approximate_snapshots_or_when_memory_is_short(tmp_
 def test_vectors_beyond_fp16s_range_get_no_fp16_copy_and_an_unknown_codec_is_refused():
     with pytest.raises(ValueError, match="beyond fp16's range"):
         QuantizedScan(np.full((10, 4), 1e5, np.float32), "fp16")
-    assert QuantizedScan(np.full((10, 4), 1e5, np.float32), "int8").nbytes == 40  # int8 takes any range
+    assert QuantizedScan(np.full((10, 4), 1e5, np.float32), "int8").nbytes == 80  # int8 takes any range
     with pytest.raises(ValueError, match="codec 'int4'"):
         QuantizedScan(np.ones((10, 4), np.float32), "int4")  # type: ignore[arg-type]
 
@@ -122,10 +151,15 @@ def test_the_error_bound_holds_for_every_row_and_is_tight_enough_to_spare_rescan
     for codec in ("int8", "fp16"):
         scan = QuantizedScan(rows, codec, chunks=2)
         bound = scan.score_error(queries)
-        for begin, part in scan._parts:
-            approx, found = part.search(queries, part.ntotal)  # every row's copy score, per query
-            exact = np.take_along_axis(queries @ rows[begin:begin + part.ntotal].T, found, axis=1)
+        if codec == "int8":
+            approx, found = scan._copy.best(queries, len(rows))  # every row's copy score, per query
+            exact = np.take_along_axis(queries @ rows.T, found, axis=1)
             assert (np.abs(approx - exact) <= bound[:, None]).all(), codec
+        else:
+            for begin, part in scan._copy.parts:
+                approx, found = part.search(queries, part.ntotal)
+                exact = np.take_along_axis(queries @ rows[begin:begin + part.ntotal].T, found, axis=1)
+                assert (np.abs(approx - exact) <= bound[:, None]).all(), codec
         spread = np.ptp(queries @ rows.T, axis=1)
         assert (bound < 0.05 * spread).all(), codec  # a small fraction of the scores' range
 
@@ -163,4 +197,4 @@ def test_a_broad_filter_on_a_served_flat_snapshot_scans_the_copy(tmp_path, monke
             want_scores, want_ids = plain.filtered(flt).search_ids(q, k)
             np.testing.assert_array_equal(ids, want_ids)
             np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
-    assert calls == [3000, 3000]  # 1-3 queries with k up to MAX_K, broad filter only
+    assert calls == [3000, 3000, 3000]  # the int8 copy: any number of queries with k up to MAX_K, broad filter only
