@@ -50,8 +50,13 @@ FP16_MAX = float(np.finfo(np.float16).max)
 _BLOCK = 8_192  # rows quantized at a time while building: temporaries of a few MB, which the heap reuses
 _CODE_BLOCK = 2_048  # the same for int8's float64 arithmetic
 # int8: the integer scores one onnxruntime call holds (2 x queries x rows int32) and its graph's
-# intermediates a few times that, kept by its memory arena: 8 MB a call, 100K rows -> 10 queries a call
+# intermediates a few times that, kept by its memory arena: 8 MB a call, 100K rows -> 10 queries a call;
+# at least 4 queries a call all the same, since each call reads every code (1M rows: 16 ms a query alone)
 _SCORES_BYTES = 1 << 23
+_MIN_QUERIES_PER_CALL = 4
+# past this many calls one fp32 matrix product over the batch reads less (1M x 384, 2 cores, one query a
+# call: 8 queries 126 ms against faiss' 204, 16 queries 256 against 206)
+_MAX_CALLS = 8
 INT8_PRODUCTS_MODEL = Path(__file__).resolve().parent / "data" / "int8_products.onnx"
 
 
@@ -82,8 +87,10 @@ class QuantizedScan:
     @property
     def max_queries(self) -> int:
         """The most queries a search of this copy is worth it for: faiss' fp32 matrix product is faster
-        past it (fp16, which faiss scores a query at a time); int8's product takes any batch."""
-        return BLAS_MIN_QUERIES - 1 if self.codec == "fp16" else 1 << 30
+        past it (fp16, which faiss scores a query at a time: 3; int8: ``_MAX_CALLS`` calls)."""
+        if isinstance(self._copy, _Int8Products):
+            return _MAX_CALLS * self._copy.queries_per_call
+        return BLAS_MIN_QUERIES - 1
 
     def score_error(self, queries: np.ndarray) -> np.ndarray:
         """Per query, the most a row's score from the copy can differ from its fp32 score."""
@@ -161,7 +168,7 @@ class _Int8Products:
         self.factor = 1 << int(math.log2((2**31 - 1) / (dim * 127 * 128) - 1))
         # the kernel's float32 sums of the rescoring: at most d * 2^-24 of sum |q_i x_i| <= |q| |x|; four times that
         self._rounding_per_query_norm = dim * 2.0 ** -22 * math.sqrt(largest)
-        self.queries_per_call = max(1, _SCORES_BYTES // (8 * count))
+        self.queries_per_call = max(_MIN_QUERIES_PER_CALL, _SCORES_BYTES // (8 * count))
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = int(threads or _available_cores())

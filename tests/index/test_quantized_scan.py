@@ -85,7 +85,7 @@ def test_a_served_flat_snapshot_searches_through_the_copy(tmp_path, monkeypatch,
                 np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-6)
     finally:
         set_threads(before)
-    if codec == "int8":  # a merged batch too
+    if codec == "int8":  # a merged batch too (up to 8 calls' worth)
         assert calls == [(1, 1), (3, 1), (9, 1), (1, 2), (3, 2), (9, 2)]
     else:  # 4+ queries take faiss' matrix-product path
         assert calls == [(1, 1), (3, 1), (1, 2), (3, 2)]
@@ -98,6 +98,7 @@ def test_the_int8_copy_answers_a_batch_split_among_calls(monkeypatch):
     rows, queries = clustered(6000, 48), clustered(10, 48, seed=11)
     scan = QuantizedScan(rows, "int8")
     assert scan._copy.queries_per_call == 4
+    assert scan.max_queries == 32  # past 8 calls faiss' fp32 product over the batch reads less
     calls = []
     run = scan._copy.session.run
     monkeypatch.setattr(scan._copy.session, "run", lambda out, feeds: calls.append(len(feeds["queries"])) or run(out, feeds))
