@@ -53,7 +53,8 @@ class Settings(BaseSettings):
         "for the cores that call holds; 0: always on the index's thread")
     faiss_threads: int | None = Field(1, ge=1, description="threads of a one-row search while other requests are in flight")
     faiss_batch_threads: int | None = Field(
-        None, ge=1, description="threads of merged searches of 2+ rows and of a lone request's search (default: every core)")
+        None, ge=1, description="threads of merged searches of 2+ rows and of a lone request's search, the int8 scan copy's "
+        "included (default: every core)")
     flat_scan_copy: Literal["int8", "fp16", "off"] = Field(
         "int8", description="flat snapshots searched on the CPU: searches scan a quantized copy of the vectors and "
         "rescore its candidates from the fp32 vectors (the same results). int8: every search, by onnxruntime's integer "

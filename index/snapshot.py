@@ -394,7 +394,7 @@ class Snapshot(SearchableSnapshot):
         copy = self._scan_copy
         return copy if copy is not None and len(queries) <= copy.max_queries and k <= QUANTIZED_MAX_K else None
 
-    def prepare_serving(self, *, scan_copy: Codec | None = "int8") -> None:
+    def prepare_serving(self, *, scan_copy: Codec | None = "int8", threads: int | None = None) -> None:
         """A quantized copy of a flat collection on the CPU (``index.quantized_scan``) for its searches (fp16:
         of fewer than ``BLAS_MIN_QUERIES`` queries); not for collections small enough to stay cached, nor
         where the copy would take more than a quarter of the memory available."""
@@ -408,7 +408,7 @@ class Snapshot(SearchableSnapshot):
             return
         started = time.perf_counter()
         try:
-            self._scan_copy = QuantizedScan(rows, scan_copy)
+            self._scan_copy = QuantizedScan(rows, scan_copy, threads=threads)
         except ValueError as exc:
             log.warning("snapshot %s: no %s copy to search: %s", self.path.name, scan_copy, exc)
             return

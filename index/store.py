@@ -92,10 +92,10 @@ class SearchableSnapshot(ABC):
     def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, ids), each (Q, k') with k' = min(k, size); padded ids are -1."""
 
-    def prepare_serving(self, *, scan_copy: Codec | None = "int8") -> None:
+    def prepare_serving(self, *, scan_copy: Codec | None = "int8", threads: int | None = None) -> None:
         """Build what a server searches with beyond the stored files, once, before it serves this version
         (``scan_copy``: the codec of a flat FAISS snapshot's quantized copy, ``index.quantized_scan``, or
-        None for none); nothing by default."""
+        None for none; ``threads``: the int8 copy's, default every core); nothing by default."""
         return None  # backends whose searches run elsewhere (a Milvus server) build nothing here
 
     @abstractmethod

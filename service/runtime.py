@@ -66,7 +66,9 @@ def load_snapshot(store: SnapshotStore, image_space: str, settings: Settings, ve
     served encoder's ``image_space``, ready to serve as a server would."""
     snapshot = store.load(version, image_space=image_space, threads=settings.faiss_threads,
                           rehash=settings.snapshot_verify == "always", use_gpu=search_gpu(settings))
-    snapshot.prepare_serving(scan_copy=None if settings.flat_scan_copy == "off" else settings.flat_scan_copy)
+    # the int8 copy's onnxruntime session searches merged rows and lone requests: the cores of merged searches
+    snapshot.prepare_serving(scan_copy=None if settings.flat_scan_copy == "off" else settings.flat_scan_copy,
+                             threads=settings.faiss_batch_threads)
     return snapshot
 
 
