@@ -57,9 +57,9 @@ class Settings(BaseSettings):
         "included (default: every core)")
     flat_scan_copy: Literal["int8", "fp16", "off"] = Field(
         "int8", description="flat snapshots searched on the CPU: searches scan a quantized copy of the vectors and "
-        "rescore its candidates from the fp32 vectors (the same results). int8: every search, by onnxruntime's integer "
-        "matrix product (the copy and its packed form: half the vectors' bytes); fp16: searches of 1-3 queries (half "
-        "their bytes); off: every search scans the fp32 vectors")
+        "rescore its candidates from the fp32 vectors (the same results). int8: single queries and merged batches (up to "
+        "8 calls' worth), by onnxruntime's integer matrix product (the copy and its packed form: half the vectors' bytes); "
+        "fp16: searches of 1-3 queries (half their bytes); off: every search scans the fp32 vectors")
     index_memory_map: bool = Field(True, description="IVF and flat snapshots: search the index file's lists (IVF) or "
                                    "vectors (flat) through a read-only memory map (page cache, shared by the replicas on a "
                                    "host) instead of copying them into each process")

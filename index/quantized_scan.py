@@ -114,13 +114,12 @@ class QuantizedScan:
         k = min(int(k), count if among is None else len(among))
         scores = np.empty((len(queries), k), np.float32)
         numbers = np.empty((len(queries), k), np.int64)
-        errors = self._copy.score_error(queries)
         todo = np.arange(len(queries)) if k else np.arange(0)
         wanted = 2 * k + EXTRA_CANDIDATES
         if among is not None:  # the candidates kept are the filter's share of those found
             wanted = math.ceil(wanted * count / max(1, len(among)))
         while len(todo):
-            candidates, left_out = self._copy.candidates(queries[todo], wanted, threads)
+            candidates, ceiling = self._copy.candidates(queries[todo], wanted, threads)
             found = np.sort(candidates, axis=1)  # -1 (none) first, then row order: ties go to the lower row
             valid = found >= 0
             if accepted is not None:
@@ -129,7 +128,7 @@ class QuantizedScan:
             exact = np.where(valid, np.matmul(gathered, queries[todo, :, None])[:, :, 0], -np.inf)
             order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
             best = np.take_along_axis(exact, order, axis=1)
-            done = np.isfinite(best[:, -1]) & (left_out + errors[todo] < best[:, -1])
+            done = np.isfinite(best[:, -1]) & (ceiling < best[:, -1])
             scores[todo[done]] = best[done]
             numbers[todo[done]] = np.take_along_axis(found, order, axis=1)[done]
             todo, wanted = todo[~done], wanted * 4
@@ -166,8 +165,7 @@ class _Int8Products:
         self.largest_code = np.abs(self.codes.astype(np.int16)).max(axis=1).astype(np.float64)
         # both parts' products summed as factor * coarse + fine in int32: |sum| <= (factor + 1) d 127 128
         self.factor = 1 << int(math.log2((2**31 - 1) / (dim * 127 * 128) - 1))
-        # the kernel's float32 sums of the rescoring: at most d * 2^-24 of sum |q_i x_i| <= |q| |x|; four times that
-        self._rounding_per_query_norm = dim * 2.0 ** -22 * math.sqrt(largest)
+        self._rounding_per_query_norm = _rounding_per_query_norm(dim, largest)
         self.queries_per_call = max(_MIN_QUERIES_PER_CALL, _SCORES_BYTES // (8 * count))
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
@@ -195,30 +193,38 @@ class _Int8Products:
         remainder = weights - (coarse + fine / self.factor) * scale
         return np.vstack([coarse, fine]) + 128, scale[:, 0] / self.factor, remainder
 
-    def score_error(self, queries: np.ndarray) -> np.ndarray:
-        _, _, remainder = self._split(queries)
+    def _error(self, queries: np.ndarray, remainder: np.ndarray) -> np.ndarray:
         return (np.abs(queries) @ self.error + np.abs(remainder) @ self.largest_code
                 + self._rounding_per_query_norm * np.linalg.norm(queries, axis=1))
 
+    def score_error(self, queries: np.ndarray) -> np.ndarray:
+        return self._error(queries, self._split(queries)[2])
+
     def best(self, queries: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
         """(the copy's scores, row numbers), each (Q, min(wanted, N)), best first."""
+        scores, found, _ = self._best(queries, wanted)
+        return scores, found
+
+    def _best(self, queries: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``best`` and each query's ``score_error``, from one split of the queries."""
         wanted = min(wanted, self.count)
-        scores, found = [], []
+        scores, found, errors = [], [], []
         for b in range(0, len(queries), self.queries_per_call):
             part = queries[b:b + self.queries_per_call]
-            both, unit, _ = self._split(part)
+            both, unit, remainder = self._split(part)
             ints, rows = self.session.run(None, {"queries": both.astype(np.uint8), "query_zero": np.array(128, np.uint8),
                                                  "factor": np.array(self.factor, np.int32),
                                                  "k": np.array([wanted], np.int64)})
             scores.append((part.astype(np.float64) @ self.offset)[:, None] + unit[:, None] * ints)
             found.append(rows)
-        return np.concatenate(scores), np.concatenate(found)
+            errors.append(self._error(part, remainder))
+        return np.concatenate(scores), np.concatenate(found), np.concatenate(errors)
 
     def candidates(self, queries: np.ndarray, wanted: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
-        """(row numbers (Q, W), the W best by the copy's scores; per query the best copy's score left out:
-        the W-th, or -inf where W is every row)."""
-        scores, found = self.best(queries, wanted)
-        left_out = scores[:, -1] if found.shape[1] < self.count else np.full(len(queries), -np.inf)
+        """(row numbers (Q, W), the W best by the copy's scores; per query the highest fp32 score a row left
+        out can have: the W-th copy's score plus the error bound, or -inf where W is every row)."""
+        scores, found, errors = self._best(queries, wanted)
+        left_out = scores[:, -1] + errors if found.shape[1] < self.count else np.full(len(queries), -np.inf)
         return found, left_out
 
 
@@ -244,7 +250,7 @@ class _HalfParts:
                 largest = max(largest, float(np.einsum("ij,ij->i", block, block).max()))
             self.parts.append((int(begin), part))
         self.error = error
-        self._rounding_per_query_norm = dim * 2.0 ** -22 * math.sqrt(largest)
+        self._rounding_per_query_norm = _rounding_per_query_norm(dim, largest)
 
     @property
     def nbytes(self) -> int:
@@ -254,16 +260,22 @@ class _HalfParts:
         return np.abs(queries) @ self.error + self._rounding_per_query_norm * np.linalg.norm(queries, axis=1)
 
     def candidates(self, queries: np.ndarray, wanted: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each part's top ``wanted`` rows by the copy's scores (Q, ...), -1 padded, and per query the best
-        copy's score a part left out could have (-inf where every part gave all its rows)."""
+        """Each part's top ``wanted`` rows by the copy's scores (Q, ...), -1 padded, and per query the highest
+        fp32 score a row the parts left out can have (-inf where every part gave all its rows)."""
         threads = max(1, min(threads, len(self.parts)))
         groups = [self.parts[i::threads] for i in range(threads)]
         pending = [scan_helpers().submit(_scan_parts, group, queries, wanted) for group in groups[1:]]
         with one_thread():
             found = [_scan_parts(groups[0], queries, wanted)]
         found += [p.result() for p in pending]
-        return (np.concatenate([rows for rows, _ in found], axis=1),
-                np.max(np.stack([left_out for _, left_out in found]), axis=0))
+        left_out = np.max(np.stack([left_out for _, left_out in found]), axis=0)
+        return np.concatenate([rows for rows, _ in found], axis=1), left_out + self.score_error(queries)
+
+
+def _rounding_per_query_norm(dim: int, largest_squared_norm: float) -> float:
+    """The float32 sums' share of the error bound, per unit of query norm: the rescoring's (and the fp16
+    kernel's) sums err by at most d * 2^-24 of sum |q_i x_i| <= |q| |x|; four times that."""
+    return dim * 2.0 ** -22 * math.sqrt(largest_squared_norm)
 
 
 def _scan_parts(parts: list[tuple[int, faiss.Index]], queries: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
