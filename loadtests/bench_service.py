@@ -58,7 +58,7 @@ import orjson
 from paraseek.core.bundle import PRECISIONS, read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
-from paraseek.loadtests.machine import cpu_description, gpu_description
+from paraseek.loadtests.machine import cpu_clock, cpu_description, cpu_share, gpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
 from paraseek.training.embedded import ensure_embedded_default
@@ -383,9 +383,11 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
 
     print(f"\nservice benchmark, scale: {args.scale_seconds:.0f} s per row, loopback; ratio = req/s over the ceiling "
           f"1/(1/E + 1/I) of the same precision; ratio2 = req/s over 1/(1/E' + 1/I), E' of the service's encoder "
-          f"layout", flush=True)
+          f"layout; srv ms = the server's CPU ms per request (all its threads), cli ms = the load generator's, busy = "
+          f"the cores the machine kept busy (of {os.cpu_count()})", flush=True)
     print(f"{'bundle':18} {'images':>8} {'index':8} {'prec':5} {'batch':5} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'req/s':>7} {'ceiling':>7} {'ratio':>6} {'ratio2':>6} {'fail':>4}", flush=True)
+          f"{'req/s':>7} {'ceiling':>7} {'ratio':>6} {'ratio2':>6} {'fail':>4} {'srv ms':>6} {'cli ms':>6} {'busy':>5}",
+          flush=True)
     results = []
     bundles = [(read_manifest(args.bundle).name, args.bundle)] if args.bundle else \
         [(name, prepare_bundle(name, home, work)) for name in args.bundles]
@@ -415,14 +417,18 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
                 try:
                     for conc in args.concurrency:
                         offset = 10_000_000 + next(counter) * 1_000_000
+                        before, client_before = cpu_clock(proc.pid), time.process_time()
                         r = asyncio.run(drive(url, lambda i, o=offset: plain(i + o), conc, args.scale_seconds))
+                        use = cpu_share(before, cpu_clock(proc.pid), r["qps"])
+                        client_ms = (time.process_time() - client_before) / max(r["n"], 1) * 1000
                         row = {"bundle": bundle_name, "size": size, "index": ix["type"], "precision": precision,
                                "batching": batching, "conc": conc, **r, "ceiling": ceiling, "ratio": r["qps"] / ceiling,
-                               "ratio_layout": r["qps"] / ceiling_layout}
+                               "ratio_layout": r["qps"] / ceiling_layout, **use, "client_cpu_ms": client_ms}
                         results.append(row)
                         print(f"{bundle_name:18} {size:>8} {ix['type']:8} {precision:5} {'on' if batching else 'off':5} "
                               f"{conc:>4} {r['p50']:8.2f} {r['p99']:8.2f} {r['qps']:7.1f} {ceiling:7.1f} "
-                              f"{r['qps'] / ceiling:6.2f} {r['qps'] / ceiling_layout:6.2f} {r['failures']:>4}", flush=True)
+                              f"{r['qps'] / ceiling:6.2f} {r['qps'] / ceiling_layout:6.2f} {r['failures']:>4} "
+                              f"{use['server_cpu_ms']:6.2f} {client_ms:6.2f} {use['busy_cores']:5.2f}", flush=True)
                     if size == 100_000 and batching and 1 in args.concurrency:
                         check = latency_check(url, Encoder(bundle, precision=precision, load_image=False, providers=providers()),
                                               load_encoder(bundle, Settings(precision=precision)), snap,
@@ -449,7 +455,9 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
             ok &= met
             print(f"{row['bundle']} {row['precision']} 100K, concurrency 32: throughput / ceiling {row['ratio']:.2f} "
                   f"(target >= {CEILING_SHARE:.2f}) -> {'met' if met else 'NOT met'}; against the service-layout ceiling "
-                  f"{row['ratio_layout']:.2f}")
+                  f"{row['ratio_layout']:.2f}; the server took {row['server_cpu_ms']:.2f} ms of CPU a request, the load "
+                  f"generator {row['client_cpu_ms']:.2f}, and the machine kept {row['busy_cores']:.2f} of {os.cpu_count()} "
+                  f"cores busy")
     return ok and all(row.get("failures", 0) == 0 for row in results)
 
 
