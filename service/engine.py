@@ -47,7 +47,7 @@ from paraseek.service.query_plan import (
     rewrite_expansion,
     vector_expansion,
 )
-from paraseek.service.runtime import Active, default_text_batch, encoder_workers, load_active, load_snapshot
+from paraseek.service.runtime import Active, default_text_batch, encoder_workers, load_active, load_snapshot, text_sub_batch
 from paraseek.service.schemas import EmbeddingsRequest, Expansion, SearchRequest, SearchResponse, Timings
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,9 @@ class SearchEngine:
         # alone: no other request in flight (under load the workers' single-threaded calls do more)
         alone = encoder.has_solo_session and len(texts) <= SOLO_MAX_TEXTS and self.in_flight <= 1
         with self._lone_calls.call(alone) as solo:
-            return encoder.encode_text_detailed(texts, batch_size=max(len(texts), 1), solo=solo)
+            # a lone call runs in one run on every core; others in runs of similar length
+            run = None if solo else text_sub_batch(encoder, self.settings)
+            return encoder.encode_text_detailed(texts, batch_size=max(len(texts) if run is None else run, 1), solo=solo)
 
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""

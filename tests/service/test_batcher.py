@@ -498,6 +498,7 @@ def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_pat
 
     class Recorder:
         has_solo_session = True
+        providers = ["CPUExecutionProvider"]
 
         def __init__(self):
             self.solo: list[bool] = []
@@ -517,6 +518,40 @@ def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_pat
     engine.in_flight = 1
     engine._encode(encoder, ["a dog"])
     assert encoder.solo == [True, False, False, False]
+
+
+def test_an_encoder_call_under_load_runs_its_texts_in_short_runs_of_similar_length(tmp_path, starter_bundle):
+    """On CPU a call's texts are sorted by token count and run 4 at a time (a run pads to its longest
+    text); each request still gets its own text's vector, as one run of all of them gives it."""
+    from paraseek.core.settings import Settings
+    from paraseek.service.engine import SearchEngine
+    from paraseek.service.prometheus import ServiceMetrics
+    from paraseek.service.runtime import load_encoder
+
+    # fp32: an int8 tower quantizes each run's activations by their own range, so its vectors move a
+    # little with the company a text has (cosine >= 0.995 to the text alone, either way)
+    encoder = load_encoder(starter_bundle, Settings(home=tmp_path, precision="fp32"))
+    texts = [" ".join(["word"] * n) + f" {i}" for i, n in enumerate([9, 1, 5, 12, 3, 7, 2, 10, 4, 6])]
+    runs: list[list[int]] = []
+    run_text = encoder._run_text
+
+    def recording(batch, solo=False):
+        runs.append([int(n) for n in batch.attention_mask.sum(axis=1)])
+        return run_text(batch, solo)
+
+    encoder._run_text = recording
+    engine = SearchEngine(Settings(home=tmp_path), ServiceMetrics())
+    engine.in_flight = 3  # other requests in flight: the workers' single-threaded session
+    vectors, _ = engine._encode(encoder, texts)
+    assert [len(r) for r in runs] == [4, 4, 2]
+    lengths = [n for r in runs for n in r]
+    assert lengths == sorted(lengths)  # shortest first, so each run pads little
+    whole, _ = encoder.encode_text_detailed(texts, batch_size=len(texts))
+    np.testing.assert_allclose(vectors, whole, atol=1e-5)
+    runs.clear()
+    engine.in_flight = 1  # the only request: one run on every core
+    engine._encode(encoder, texts[:3])
+    assert [len(r) for r in runs] == [3]
 
 
 def test_requests_in_flight_are_counted_until_they_end_or_fail():

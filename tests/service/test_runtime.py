@@ -6,12 +6,13 @@ import pytest
 
 from paraseek.core.bundle import BundleError
 from paraseek.core.settings import Settings
-from paraseek.service.runtime import default_text_batch, load_encoder
+from paraseek.service.runtime import default_text_batch, load_encoder, text_sub_batch
 
 
 def test_providers_setting_places_the_encoder(starter_bundle):
     enc = load_encoder(starter_bundle, Settings(providers="cpu"))
-    assert enc.providers == ["CPUExecutionProvider"] and default_text_batch(enc) == 8
+    assert enc.providers == ["CPUExecutionProvider"] and default_text_batch(enc) == 16
+    assert text_sub_batch(enc, Settings()) == 4 and text_sub_batch(enc, Settings(encoder_sub_batch=16)) == 16
     with pytest.raises(BundleError, match="CUDAExecutionProvider"):  # this onnxruntime has no CUDA provider
         load_encoder(starter_bundle, Settings(providers="cuda,cpu"))
 
