@@ -311,12 +311,13 @@ class Encoder:
         if len(texts) <= batch_size:
             batch = self.tokenize(texts)
             return self._run_text(batch, solo), batch.truncated
-        order = np.argsort(self.tokenizer.token_counts(texts), kind="stable")
+        encodings = self.tokenizer.encode(texts)  # once: each run pads its share of them
+        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
         out = np.empty((len(texts), self.dim), np.float32)
         truncated = [False] * len(texts)
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
-            batch = self.tokenize([texts[i] for i in idx])
+            batch = self.tokenizer.pad([encodings[i] for i in idx])
             out[idx] = self._run_text(batch)
             for i, t in zip(idx, batch.truncated):
                 truncated[i] = t

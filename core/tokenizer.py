@@ -78,8 +78,14 @@ class BundleTokenizer:
         return text
 
     def __call__(self, texts: Sequence[str]) -> TokenBatch:
-        prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
-        encodings = self._tok.encode_batch(prepared)
+        return self.pad(self.encode(texts))
+
+    def encode(self, texts: Sequence[str]) -> list:
+        """Each text's ``tokenizers.Encoding``, unpadded, truncated to max_tokens (``pad`` batches them)."""
+        return self._tok.encode_batch([self._prepare(t, i) for i, t in enumerate(texts)])
+
+    def pad(self, encodings: Sequence) -> TokenBatch:
+        """Encodings as one batch, padded to its longest sequence."""
         length = max(len(e.ids) for e in encodings)
         ids = np.full((len(encodings), length), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(encodings), length), dtype=np.int64)
@@ -104,14 +110,8 @@ class BundleTokenizer:
     def fingerprints_and_truncation(self, texts: Sequence[str]) -> list[tuple[str, bool]]:
         """``fingerprints`` and whether each text was truncated, from one tokenisation (a cache hit then
         needs no other)."""
-        prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
         return [(hashlib.blake2b(np.asarray(e.ids, np.int32).tobytes(), digest_size=16).hexdigest(), bool(e.overflowing))
-                for e in self._tok.encode_batch(prepared)]
+                for e in self.encode(texts)]
 
     def is_truncated(self, texts: Sequence[str]) -> list[bool]:
-        prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
-        return [bool(e.overflowing) for e in self._tok.encode_batch(prepared)]
-
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
-        prepared = [self._prepare(t, i) for i, t in enumerate(texts)]
-        return [len(e.ids) for e in self._tok.encode_batch(prepared)]
+        return [bool(e.overflowing) for e in self.encode(texts)]

@@ -290,8 +290,8 @@ class SearchEngine:
         alone = encoder.has_solo_session and len(texts) <= SOLO_MAX_TEXTS and self.in_flight <= 1
         with self._lone_calls.call(alone) as solo:
             # a lone call runs in one run on every core; others in runs of similar length
-            run = None if solo else text_sub_batch(encoder, self.settings)
-            return encoder.encode_text_detailed(texts, batch_size=max(len(texts) if run is None else run, 1), solo=solo)
+            run = (None if solo else text_sub_batch(encoder, self.settings)) or len(texts)
+            return encoder.encode_text_detailed(texts, batch_size=max(run, 1), solo=solo)
 
     async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""
