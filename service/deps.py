@@ -20,8 +20,12 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def engine_of(app) -> SearchEngine:
+    return app.state.engine
+
+
 async def get_engine(request: Request) -> SearchEngine:
-    return request.app.state.engine
+    return engine_of(request.app)
 
 
 async def get_jobs(request: Request) -> JobManager:

@@ -6,13 +6,15 @@ import binascii
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from paraseek.core.settings import Settings
-from paraseek.service.deps import get_engine, get_settings
+from paraseek.service.deps import engine_of, get_engine, get_settings
 from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError
+from paraseek.service.plain_route import PlainJsonRoute
 from paraseek.service.schemas import (
     BatchSearchRequest,
     BatchSearchResponse,
@@ -37,6 +39,13 @@ def _json(body) -> Response:
 async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)):
     """Text-to-image search, with optional query expansion, consistency report and weighted terms."""
     return _json(await engine.search(req))
+
+
+def plain_routes() -> list[PlainJsonRoute]:
+    """The routes of this module answered in front of FastAPI (``service.plain_route``): text search, the
+    route the service's load is made of."""
+    search_route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is search)
+    return [PlainJsonRoute(search_route, SearchRequest, lambda app, req: engine_of(app).search(req))]
 
 
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True,
