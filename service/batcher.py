@@ -18,7 +18,9 @@ two waiting and the calls stay small, which costs a CPU encoder up to 1.5x per t
 ``load`` (the number of requests the service held recently, ``RecentPeak``) and
 ``max_company_wait_ms``, a worker that forms a batch while another call runs waits, bounded, for the
 requests of that load not yet in hand or in a call: at concurrency 8 on two workers the calls carry
-about 4 texts instead of 2. At low load (no other call running) nothing waits.
+about 4 texts instead of 2. At low load (no other call running) nothing waits, nor while ``coming``
+says that none of the load's requests can still arrive (each is queued, in a call or past this stage:
+at concurrency 32 the last texts of a wave of requests).
 
 A stage whose calls cost nearly the same for one row as for many (an exact scan streams the whole
 collection either way) should not run a batch of one while more rows are already on their way to it.
@@ -100,14 +102,15 @@ class ContinuousBatcher(Generic[P, R]):
                  max_wait_ms: float = 0.0, enabled: bool = True, size: Callable[[P], int] = lambda p: 1,
                  on_batch: Callable[[int], None] | None = None, workers: int = 1, max_expect_wait_ms: float = 0.0,
                  max_queued: int = 1024, on_wait: Callable[[float], None] | None = None,
-                 load: Callable[[], int] | None = None, max_company_wait_ms: float = 0.0):
+                 load: Callable[[], int] | None = None, max_company_wait_ms: float = 0.0,
+                 coming: Callable[[], int] | None = None):
         """``run(key, payloads) -> results`` (one per payload) does one merged call; ``size`` says how
         many units (texts, query rows) a payload holds, for the cap and the metrics; ``workers`` calls
         run at once; announced requests (``expect``) are waited for up to ``max_expect_wait_ms``; past
         ``max_queued`` waiting payloads, ``submit`` raises ``Overloaded``; ``on_wait`` gets each payload's
         seconds in the queue before its call started; ``load() -> requests`` the service holds at the
         current load, whose payloads a batch formed while another call runs waits for, up to
-        ``max_company_wait_ms``."""
+        ``max_company_wait_ms``, while ``coming() -> requests`` of that load may still submit here (default: always)."""
         self.run = run
         self.name = name
         self.max_batch_size = max_batch_size
@@ -121,6 +124,7 @@ class ContinuousBatcher(Generic[P, R]):
         self.max_queued = max_queued
         self.load = load
         self.max_company_wait = max_company_wait_ms / 1000.0
+        self.coming = coming
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
         self._unbatched: ThreadPoolExecutor | None = None  # batching off: every request on its own thread
         self._on_threads = 0  # calls handed to this batcher's threads and not yet finished there
@@ -225,7 +229,8 @@ class ContinuousBatcher(Generic[P, R]):
                     # no more waiting: go now, unless announced requests are on their way (bounded), the
                     # current load's requests are (bounded, while another call runs), or an extra wait for
                     # company is configured
-                    company_wait = company_deadline if self._running > 0 else now
+                    load_coming = self._running > 0 and (self.coming is None or self.coming() > 0)
+                    company_wait = company_deadline if load_coming else now
                     timeout = max(deadline, company_wait, expect_deadline if self._expected > 0 else now) - time.monotonic()
                     if timeout <= 0:
                         break

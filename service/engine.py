@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Iterator, TypeVar
 
@@ -128,6 +129,7 @@ class SearchEngine:
             workers=encoder_workers(settings), max_queued=settings.max_queued_batches,
             on_wait=metrics.batch_wait.labels("encoder").observe,
             load=self.encoder_load, max_company_wait_ms=settings.max_company_wait_ms,
+            coming=lambda: self.recent_in_flight() - self._at_encoder_or_past,
         )
         self.index_batcher: ContinuousBatcher = ContinuousBatcher(
             search_rows(self._search_snapshot), name="index", max_batch_size=settings.max_index_batch_size,
@@ -138,6 +140,9 @@ class SearchEngine:
         self.expansion_sources = ExpansionSources(settings)
         self._lone_calls = LoneCallGate()
         self.in_flight = 0  # requests being answered (search, image, similar, embeddings)
+        # searches from their encoder call's submission until their own search is done: of the recent
+        # load, the others may still bring texts to the encoder (its batcher's ``coming``)
+        self._at_encoder_or_past = 0
         # how long the lone requests' encoder call and search took lately (a moving average), and for what
         # was served then (weakly: a replaced snapshot is freed at once): whether the next one may run on
         # the event loop's thread
@@ -427,7 +432,7 @@ class SearchEngine:
         """The pipeline's two stages, each merging concurrent requests into one call."""
         # announced to the index stage from encoding until its rows get there: a search that would
         # start alone waits for them instead (an exact scan costs nearly the same for one row as for many)
-        with self.index_batcher.expect() as expected:
+        with self.index_batcher.expect() as expected, self._at_encoder_or_past_it():
             embedded, truncated = await self.embed(active, texts.all())
             t_embedded = time.perf_counter()
             vectors = query_vectors(req, texts, embedded)
@@ -446,6 +451,14 @@ class SearchEngine:
             rows = plan_rows(req, vectors, expanded, compare_expanded=expanded is not None)
             scores, ids = await self.index_batcher.submit(view, (rows.matrix, k), expected=expected)
         return Searched(truncated, rows, scores, ids, t_enc, t_embedded, neighbour_texts)
+
+    @contextmanager
+    def _at_encoder_or_past_it(self) -> Iterator[None]:
+        self._at_encoder_or_past += 1
+        try:
+            yield
+        finally:
+            self._at_encoder_or_past -= 1
 
     async def _cached(self, key: str, t0: float) -> dict | None:
         hit = await self.cache.get_result(key)

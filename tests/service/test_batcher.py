@@ -272,10 +272,10 @@ def _held_encoder(release: threading.Event):
     return encode
 
 
-def _loaded_batcher(release: threading.Event, calls: list[int], wait_ms: float) -> ContinuousBatcher:
+def _loaded_batcher(release: threading.Event, calls: list[int], wait_ms: float, coming=None) -> ContinuousBatcher:
     """Two workers at a steady load of 8 requests."""
     return _encoder_batcher(_held_encoder(release), workers=2, on_batch=calls.append, load=lambda: 8,
-                            max_company_wait_ms=wait_ms)
+                            max_company_wait_ms=wait_ms, coming=coming)
 
 
 def test_under_steady_load_a_batch_waits_for_its_share_of_the_load():
@@ -344,6 +344,41 @@ def test_the_wait_for_the_loads_share_is_bounded_and_skipped_when_no_call_runs()
 
     waited = asyncio.run(bounded())
     assert 0.15 <= waited < 2.0 and calls == [4, 1]
+
+
+def test_no_wait_for_company_that_cannot_come():
+    """Load 8, a call of 4 running, one request left: where ``coming`` says the rest of the load cannot
+    arrive (each of its requests is queued, in a call or past the encoder: the last texts of a wave),
+    the second worker runs that one at once instead of waiting out the bound; while it says some may
+    come, it waits."""
+    async def second_call_after(coming_now: int) -> float:
+        hold = threading.Event()
+        calls: list[int] = []
+        asked: list[int] = []
+
+        def coming() -> int:
+            asked.append(coming_now)
+            return coming_now
+
+        batcher = _loaded_batcher(hold, calls, 400, coming=coming)
+        await batcher.start()
+        try:
+            running = [asyncio.create_task(batcher.submit(1, [f"r{i}"])) for i in range(4)]
+            await asyncio.sleep(0.05)
+            started = asyncio.get_running_loop().time()
+            last = asyncio.create_task(batcher.submit(1, ["last"]))
+            while not calls[1:]:
+                await asyncio.sleep(0.005)
+            waited = asyncio.get_running_loop().time() - started
+            hold.set()
+            await asyncio.gather(*running, last)
+            assert calls == [4, 1] and asked  # asked while the first call ran
+            return waited
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(second_call_after(0)) < 0.2
+    assert 0.35 <= asyncio.run(second_call_after(3)) < 2.0
 
 
 def test_pending_counts_what_is_queued_and_what_a_call_holds():
