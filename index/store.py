@@ -20,7 +20,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -44,7 +44,7 @@ def next_version_name(existing: Iterable[str]) -> str:
     """The name of a new version after the ``existing`` ones (published or being written): unique
     across processes writing one collection at once, whichever backend."""
     numbers = [int(m.group(1)) for name in existing if (m := VERSION_NAME.match(name))]
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"v{max(numbers, default=0) + 1:04d}-{stamp}-{secrets.token_hex(2)}"
 
 

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 import numpy as np
@@ -75,7 +75,7 @@ class VersionDraft:
     def manifest(self, ref: BundleRef, spec: IndexSpec, recall: float | None, n_queries: int, tuning: dict | None,
                  backend: str, location: dict | None = None, user_fields: list[str] | None = None) -> SnapshotManifest:
         return SnapshotManifest(
-            version=self.version, created_at=datetime.now(timezone.utc).isoformat(), parent=self.parent,
+            version=self.version, created_at=datetime.now(UTC).isoformat(), parent=self.parent,
             bundle=ref, image_space=ref.image_space, count=len(self.ids), dim=int(self.vectors.shape[1]), index=spec,
             recall_at_10=recall, recall_queries=n_queries, tuning=tuning, source=self.provenance, backend=backend,
             location=location or {},

@@ -236,7 +236,7 @@ class ContinuousBatcher(Generic[P, R]):
                         break
                     try:
                         item = await asyncio.wait_for(queue.get(), timeout)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         break
                 if item is not _WAKE:
                     items.append(item)

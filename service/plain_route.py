@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.routing import BaseRoute, Match
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 # the key a request declined by the plain route carries when it goes on to the router again
 DECLINED = "paraseek.plain_route.declined"
@@ -79,7 +79,7 @@ class PlainJsonRoute(BaseRoute):
         """The router again, without this route: the FastAPI route reads the same body."""
         replayed = False
 
-        async def replay() -> dict:
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True

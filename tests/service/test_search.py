@@ -702,28 +702,14 @@ def test_a_cheap_lone_request_runs_on_the_event_loop_once_its_calls_are_known_to
     assert run(1000, busy=True)[0] == ["index"] * 3
 
 
-@pytest.mark.parametrize("own_task", [True, False], ids=["wait_for", "in-the-request-task"])
-def test_requests_arriving_together_are_batched_not_run_one_by_one_on_the_event_loop(make_settings, backend,
-                                                                                      own_task, monkeypatch):
+def test_requests_arriving_together_are_batched_not_run_one_by_one_on_the_event_loop(make_settings, backend):
     """Requests read in one pass of the event loop start their tasks one after another: the first is
     briefly the only one in flight. It must not take the event loop (each next one would find itself
     alone too, and the requests would run one at a time): at most one of them runs there, and the
-    rest share encoder calls. Whether the deadline runs the request in a task of its own (wait_for,
-    which lets the others start first) or in the request's task (asyncio.timeout) must not matter."""
+    rest share encoder calls."""
     import asyncio
-    import sys
 
     from paraseek.service.main import create_app
-
-    if not own_task:
-        if sys.version_info < (3, 11):
-            pytest.skip("asyncio.timeout is CPython 3.11+")
-
-        async def in_the_request_task(awaitable, seconds):
-            async with asyncio.timeout(seconds):
-                return await awaitable
-
-        monkeypatch.setattr(asyncio, "wait_for", in_the_request_task)
 
     app = create_app(make_settings(lru_size=0, alone_on_event_loop_ms=1000))
     engine = app.state.engine
