@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     max_batch_size: int | None = Field(None, ge=1, le=1024, description="texts per encoder call (default: 16 on CPU, 64 on GPU)")
     encoder_sub_batch: int | None = Field(
         None, ge=1, le=1024, description="texts per model run within an encoder call, the call's texts sorted by token "
-        "count so each run pads little (default: 4 on CPU, the whole call in one run on a GPU)")
+        "count so each run pads little (default: 3 on CPU, the whole call in one run on a GPU)")
     # continuous batching: a batch goes as soon as the encoder is free; an optional extra wait for company
     max_wait_ms: float = Field(0.0, ge=0, le=1000)
     max_company_wait_ms: float = Field(

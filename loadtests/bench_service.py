@@ -274,7 +274,7 @@ def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
 def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s: float = 3.0) -> float:
     """Texts/s of the service's encoder layout: its workers side by side, each calling one shared
     session (intra-op threads = cores / workers) with calls of the service's size, run as the service
-    runs them (on CPU 16 texts a call, sorted by token count into runs of 4)."""
+    runs them (on CPU 16 texts a call, sorted by token count into runs of 3)."""
     from paraseek.service.runtime import default_text_batch, encoder_workers, load_encoder, text_sub_batch
 
     settings = Settings(precision=precision)

@@ -41,13 +41,14 @@ def text_sub_batch(encoder: Encoder, settings: Settings) -> int | None:
     """Texts per model run within one encoder call (None: the whole call in one run). A run pads every
     text to its longest, and on CPU padding costs as much as text: COCO captions numbered as the
     benchmarks send them hold 14-29 tokens, and runs of 8 in arrival order compute about 1.2x their
-    tokens. So a CPU call sorts its texts by token count and runs them 4 at a time (MiniLM int8, one
-    thread: 289-301 texts/s in runs of 8 as they came, 298-328 in calls of 16 sorted into runs of 4).
+    tokens. So a CPU call sorts its texts by token count and runs them 3 at a time (MiniLM int8, one
+    thread: 289-301 texts/s in runs of 8 as they came, 298-328 in calls of 16 sorted into runs of 4;
+    runs of 2 or 3 did 4-5 % more than 4 in calls of 4 to 16, 3 the most in calls of 16).
     An int8 tower's vectors also depend less on a text's company then (cosine to the text encoded alone
-    >= 0.9962 against 0.9947). PARASEEK_ENCODER_SUB_BATCH; default 4 on CPU, the whole call on a GPU."""
+    >= 0.9962 against 0.9947). PARASEEK_ENCODER_SUB_BATCH; default 3 on CPU, the whole call on a GPU."""
     if settings.encoder_sub_batch:
         return settings.encoder_sub_batch
-    return 4 if encoder.providers == ["CPUExecutionProvider"] else None
+    return 3 if encoder.providers == ["CPUExecutionProvider"] else None
 
 
 def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:

@@ -556,7 +556,7 @@ def test_the_engine_runs_an_encoder_call_alone_only_for_its_only_request(tmp_pat
 
 
 def test_an_encoder_call_under_load_runs_its_texts_in_short_runs_of_similar_length(tmp_path, starter_bundle):
-    """On CPU a call's texts are sorted by token count and run 4 at a time (a run pads to its longest
+    """On CPU a call's texts are sorted by token count and run 3 at a time (a run pads to its longest
     text); each request still gets its own text's vector, as one run of all of them gives it."""
     from paraseek.core.settings import Settings
     from paraseek.service.engine import SearchEngine
@@ -578,7 +578,7 @@ def test_an_encoder_call_under_load_runs_its_texts_in_short_runs_of_similar_leng
     engine = SearchEngine(Settings(home=tmp_path), ServiceMetrics())
     engine.in_flight = 3  # other requests in flight: the workers' single-threaded session
     vectors, _ = engine._encode(encoder, texts)
-    assert [len(r) for r in runs] == [4, 4, 2]
+    assert [len(r) for r in runs] == [3, 3, 3, 1]
     lengths = [n for r in runs for n in r]
     assert lengths == sorted(lengths)  # shortest first, so each run pads little
     whole, _ = encoder.encode_text_detailed(texts, batch_size=len(texts))

@@ -12,7 +12,7 @@ from paraseek.service.runtime import default_text_batch, load_encoder, text_sub_
 def test_providers_setting_places_the_encoder(starter_bundle):
     enc = load_encoder(starter_bundle, Settings(providers="cpu"))
     assert enc.providers == ["CPUExecutionProvider"] and default_text_batch(enc) == 16
-    assert text_sub_batch(enc, Settings()) == 4 and text_sub_batch(enc, Settings(encoder_sub_batch=16)) == 16
+    assert text_sub_batch(enc, Settings()) == 3 and text_sub_batch(enc, Settings(encoder_sub_batch=16)) == 16
     with pytest.raises(BundleError, match="CUDAExecutionProvider"):  # this onnxruntime has no CUDA provider
         load_encoder(starter_bundle, Settings(providers="cuda,cpu"))
 
