@@ -13,7 +13,7 @@ from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
 from paraseek.paraphrase.expansions import EXPANSIONS, KeepFirst, RewriteExpansion, VectorExpansion
 from paraseek.service.errors import RequestError
-from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, Result, SearchRequest
+from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, SearchRequest
 
 RRF_K = 60  # the usual reciprocal-rank-fusion constant
 
@@ -164,13 +164,12 @@ def page(ids, scores, k: int, offset: int, exclude: int | None = None) -> list[t
     return [(i, s, offset + r + 1) for r, (i, s) in enumerate(kept[offset : offset + k])]
 
 
-def result_of(rows: dict[int, dict], image_id: int, score: float, rank: int) -> Result:
+def result_of(rows: dict[int, dict], image_id: int, score: float, rank: int) -> dict:
+    """A ``Result``'s fields from the image's metadata row, for the response to validate together."""
     row = rows.get(int(image_id), {})
-    return Result(
-        id=int(image_id), score=float(score), rank=rank, path=row.get("path"),
-        url=row.get("url") or row.get("coco_url") or row.get("flickr_url"), captions=row.get("captions", []),
-        licence=row.get("license"),
-    )
+    return {"id": int(image_id), "score": float(score), "rank": rank, "path": row.get("path"),
+            "url": row.get("url") or row.get("coco_url") or row.get("flickr_url"), "captions": row.get("captions", []),
+            "licence": row.get("license")}
 
 
 def consistency_report(req: SearchRequest, paraphrases: list[str], ids: np.ndarray, rows: QueryRows,
