@@ -148,7 +148,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings, app.state.engine, app.state.jobs = settings, engine, jobs
     for router in (search.router, embeddings.router, images.router, info.router, admin.router, page.router):
         app.include_router(router)
-    app.router.routes[:0] = search.plain_routes()  # matched first; what they decline goes on to the routes above
+    # matched first; what they decline goes on to the routes above
+    app.router.routes[:0] = [*search.plain_routes(), *embeddings.plain_routes()]
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
 
     app.add_middleware(ObserveRequests, metrics=metrics)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import orjson
 from fastapi import APIRouter, Depends, Response
+from fastapi.routing import APIRoute
 
-from paraseek.service.deps import get_engine
+from paraseek.service.deps import engine_of, get_engine
 from paraseek.service.engine import SearchEngine
+from paraseek.service.plain_route import PlainJsonRoute
 from paraseek.service.schemas import EmbeddingsRequest, EmbeddingsResponse, error_responses
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
@@ -17,6 +19,13 @@ async def embeddings(req: EmbeddingsRequest, engine: SearchEngine = Depends(get_
     """OpenAI's ``POST /v1/embeddings``: ``input`` a text or a list, ``model`` the served bundle's name,
     ``encoding_format`` float or base64. Shares the search path's cache and micro-batcher."""
     return Response(orjson.dumps(await engine.embeddings(req)), media_type="application/json")
+
+
+def plain_routes() -> list[PlainJsonRoute]:
+    """``POST /v1/embeddings`` answered in front of FastAPI (``service.plain_route``), like text search: the
+    route of tools that embed many texts."""
+    route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is embeddings)
+    return [PlainJsonRoute(route, EmbeddingsRequest, lambda app, req: engine_of(app).embeddings(req))]
 
 
 @router.get("/models", responses=error_responses(503))

@@ -112,19 +112,23 @@ def test_handler_exceptions_reach_the_apps_exception_handlers_and_other_methods_
             (want.status_code, want.content, want.headers.get("allow"))
 
 
-@pytest.mark.parametrize("body", [
-    {"query": "a dog on a beach", "k": 5},  # valid: the engine, not started, answers 503
-    {"query": "a dog", "k": 0},
-    {"query": "   "},
-    {"query": "a dog", "unknown": 1},
-    {"query": "a dog", "expansion": {"method": "nope"}},
-    {},
+@pytest.mark.parametrize("path, body", [
+    ("/v1/search", {"query": "a dog on a beach", "k": 5}),  # valid: the engine, not started, answers 503
+    ("/v1/search", {"query": "a dog", "k": 0}),
+    ("/v1/search", {"query": "   "}),
+    ("/v1/search", {"query": "a dog", "unknown": 1}),
+    ("/v1/search", {"query": "a dog", "expansion": {"method": "nope"}}),
+    ("/v1/search", {}),
+    ("/v1/embeddings", {"input": ["a dog", "a cat"], "model": "paraseek-starter"}),
+    ("/v1/embeddings", {"input": [], "model": "paraseek-starter"}),
+    ("/v1/embeddings", {"input": "a dog", "model": "paraseek-starter", "encoding_format": "hex"}),
+    ("/v1/embeddings", {"model": "paraseek-starter"}),
 ])
-def test_the_service_search_route_answers_as_its_fastapi_route_does(body):
+def test_the_services_plain_routes_answer_as_their_fastapi_routes_do(path, body):
     with_plain = create_app(Settings())
     without = create_app(Settings())
     without.router.routes[:] = [r for r in without.router.routes if not isinstance(r, PlainJsonRoute)]
-    assert any(isinstance(r, PlainJsonRoute) and r.path == "/v1/search" for r in with_plain.router.routes)
-    got, want = TestClient(with_plain).post("/v1/search", json=body), TestClient(without).post("/v1/search", json=body)
+    assert any(isinstance(r, PlainJsonRoute) and r.path == path for r in with_plain.router.routes)
+    got, want = TestClient(with_plain).post(path, json=body), TestClient(without).post(path, json=body)
     assert got.status_code == want.status_code and got.status_code in (422, 503)
     assert got.json() == want.json()
