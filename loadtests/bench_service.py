@@ -19,8 +19,9 @@ Load generator and servers share this machine's cores, so absolute numbers are c
 load generator is aiohttp (about 0.15 ms of CPU per request here, against 1.5 ms for httpx, which
 took a sixth of the cores from the server at concurrency 32). The encoder's batch-1 time and E are
 measured on texts like the requests' (a caption and a number). A second ceiling uses E of the
-service's own encoder layout (its workers side by side, single-threaded, in calls of 16 texts run 4 at
-a time by token count, on CPU), which encodes more than one call on all cores: the ratio against it is
+service's own encoder layout (its workers side by side, single-threaded, in calls of the service's size
+run as the service runs them: on CPU sorted by token count into short runs), which encodes more than one call
+on all cores: the ratio against it is
 printed too.
 
 The targets at 100K (issue 37): throughput >= 0.85 of the ceiling at concurrency 32, and p50 at
@@ -274,7 +275,7 @@ def _median_rate(fn, items: int, budget_s: float = 2.0) -> tuple[float, float]:
 def service_layout_rate(bundle: Path, precision: str, texts: list[str], budget_s: float = 3.0) -> float:
     """Texts/s of the service's encoder layout: its workers side by side, each calling one shared
     session (intra-op threads = cores / workers) with calls of the service's size, run as the service
-    runs them (on CPU 16 texts a call, sorted by token count into runs of 3)."""
+    runs them (``default_text_batch`` texts a call, in runs of ``text_sub_batch``)."""
     from paraseek.service.runtime import default_text_batch, encoder_workers, load_encoder, text_sub_batch
 
     settings = Settings(precision=precision)

@@ -36,6 +36,12 @@ class PlainJsonRoute(BaseRoute):
         self.path: str = route.path  # type: ignore[attr-defined]
         self.path_format: str = getattr(route, "path_format", self.path)  # FastAPI's telemetry names the route by it
 
+    @classmethod
+    def in_front_of(cls, router, endpoint: Callable, model: type[BaseModel],
+                    answer: Callable[[Any, BaseModel], Awaitable[dict]]) -> PlainJsonRoute:
+        """The plain route for ``router``'s route of ``endpoint``."""
+        return cls(next(r for r in router.routes if getattr(r, "endpoint", None) is endpoint), model, answer)
+
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path
                 and DECLINED not in scope):

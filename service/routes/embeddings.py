@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 from fastapi import APIRouter, Depends, Response
-from fastapi.routing import APIRoute
 
 from paraseek.service.deps import engine_of, get_engine
 from paraseek.service.engine import SearchEngine
@@ -24,8 +23,8 @@ async def embeddings(req: EmbeddingsRequest, engine: SearchEngine = Depends(get_
 def plain_routes() -> list[PlainJsonRoute]:
     """``POST /v1/embeddings`` answered in front of FastAPI (``service.plain_route``), like text search: the
     route of tools that embed many texts."""
-    route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is embeddings)
-    return [PlainJsonRoute(route, EmbeddingsRequest, lambda app, req: engine_of(app).embeddings(req))]
+    return [PlainJsonRoute.in_front_of(router, embeddings, EmbeddingsRequest,
+                                       lambda app, req: engine_of(app).embeddings(req))]
 
 
 @router.get("/models", responses=error_responses(503))

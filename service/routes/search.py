@@ -6,7 +6,6 @@ import binascii
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
@@ -44,8 +43,7 @@ async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine))
 def plain_routes() -> list[PlainJsonRoute]:
     """The routes of this module answered in front of FastAPI (``service.plain_route``): text search, the
     route the service's load is made of."""
-    search_route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is search)
-    return [PlainJsonRoute(search_route, SearchRequest, lambda app, req: engine_of(app).search(req))]
+    return [PlainJsonRoute.in_front_of(router, search, SearchRequest, lambda app, req: engine_of(app).search(req))]
 
 
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True,

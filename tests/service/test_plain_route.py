@@ -7,7 +7,6 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ConfigDict, StrictInt
 
@@ -58,8 +57,7 @@ def toy_app(plain: bool) -> FastAPI:
         return {"via": "plain", **item.model_dump()}
 
     if plain:
-        route = next(r for r in router.routes if isinstance(r, APIRoute))
-        app.router.routes[:0] = [PlainJsonRoute(route, Item, answer)]
+        app.router.routes[:0] = [PlainJsonRoute.in_front_of(router, find, Item, answer)]
     app.state.seen_routes = seen_routes
     return app
 
