@@ -88,20 +88,27 @@ def faiss_openblas_kernel(info: CpuInfo | None = None) -> str | None:
 def import_faiss() -> ModuleType:
     """faiss, its OpenBLAS loaded on ``faiss_openblas_kernel()`` unless ``OPENBLAS_CORETYPE`` is set
     (a kernel's name; empty: OpenBLAS's own detection). OpenBLAS reads the variable once, when it
-    loads: call this before anything imports faiss. numpy is loaded first and the variable removed
-    again, so numpy's newer OpenBLAS and child processes keep their own detection."""
+    loads: call this before anything imports faiss. numpy is loaded first and the variable put back as
+    it was, so numpy's newer OpenBLAS and child processes keep their own detection."""
     if "faiss" in sys.modules:
         return sys.modules["faiss"]
     import numpy  # noqa: F401
 
-    kernel = None if "OPENBLAS_CORETYPE" in os.environ else faiss_openblas_kernel()
-    if kernel is not None:
+    user = os.environ.get("OPENBLAS_CORETYPE")
+    # faiss' OpenBLAS (0.3.15) reads an empty value as an unknown core and falls back to Prescott, the
+    # slowest kernel: empty means its own detection, so it loads without the variable
+    kernel = faiss_openblas_kernel() if user is None else (user or None)
+    if kernel is None:
+        os.environ.pop("OPENBLAS_CORETYPE", None)
+    else:
         os.environ["OPENBLAS_CORETYPE"] = kernel
     try:
         import faiss
     finally:
-        if kernel is not None:
-            del os.environ["OPENBLAS_CORETYPE"]
+        if user is None:
+            os.environ.pop("OPENBLAS_CORETYPE", None)
+        else:
+            os.environ["OPENBLAS_CORETYPE"] = user
     return faiss
 
 
