@@ -26,6 +26,13 @@ from paraseek.evaluation.data import read_pairs, read_sts
 from paraseek.loadtests.bench_index import DEFAULT_DATA
 
 
+def shared_paraphrases(out: Path, spec) -> Path:
+    """The rewrites file the sweep's runs share in ``out``: one per way of making them (x', x'' and the
+    PPDB file), so a run with x'' from PPDB does not hand its rewrites to a WordNet run."""
+    made_by = [spec.x1, spec.x2, *([Path(spec.ppdb).stem] if spec.ppdb else [])]
+    return out / f"paraphrases-{'-'.join(made_by)}.jsonl"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("name")
@@ -68,7 +75,8 @@ def main(argv=None) -> int:
                 **{f"R@{k}": round(100 * float(np.mean(position < k)), 1) for k in (1, 5, 10)},
                 "STS": round(float(spearmanr((s1 * s2).sum(1), [q.score for q in sts]).correlation), 4)}
 
-    recipe = load_recipe("robust-starter", [*args.overrides, f"data.paraphrases.dataset={out / 'paraphrases.jsonl'}"])
+    shared_rewrites = shared_paraphrases(out, load_recipe("robust-starter", args.overrides).data.paraphrases)
+    recipe = load_recipe("robust-starter", [*args.overrides, f"data.paraphrases.dataset={shared_rewrites}"])
     run_dir = out / args.name
     run_dir.mkdir(exist_ok=True)
     for shared in out.glob("anchor-targets-*.npz"):  # the same texts and targets for every run

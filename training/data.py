@@ -177,9 +177,10 @@ def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) ->
 
 
 def sample_batch(data: TrainingData, step: int, batch_size: int, seed: int, x1_human: bool,
-                 text_per_batch: int = 0) -> Batch:
+                 text_per_batch: int = 0, x1_choices: dict[str, list[str]] | None = None) -> Batch:
     """``batch_size`` photos with a caption, x' and x'' each; then ``text_per_batch`` text-only sets
-    (their rows come after the photos' rows in x, x1, x2)."""
+    (their rows come after the photos' rows in x, x1, x2). ``x1_choices``: the human x' a caption may
+    take (``close_captions``), instead of any other caption of its photo."""
     rng = np.random.default_rng([seed, step])
     rows = rng.choice(len(data.captions), size=min(batch_size, len(data.captions)), replace=False)
     groups = [data.captions[r] for r in rows]
@@ -192,6 +193,9 @@ def sample_batch(data: TrainingData, step: int, batch_size: int, seed: int, x1_h
         caption = group[a]
         if x1_human:
             para = group[b]  # another human caption of the same photo
+            choices = x1_choices.get(caption) if x1_choices is not None else None
+            if choices:
+                para = choices[int(rng.integers(len(choices)))]
             second = data.rewrites[para][1]
         else:
             para, second = data.rewrites[caption]
@@ -199,6 +203,24 @@ def sample_batch(data: TrainingData, step: int, batch_size: int, seed: int, x1_h
         x1.append(para)
         x2.append(second)
     return Batch(images=data.vectors[rows], x=x, x1=x1, x2=x2, rows=rows)
+
+
+def close_captions(groups: list[list[str]], vectors: dict[str, np.ndarray], min_cos: float) -> dict[str, list[str]]:
+    """For each caption, the other captions of its photo whose cosine to it is at least ``min_cos``
+    (``vectors``: unit embeddings by text); the nearest other one where none is."""
+    out: dict[str, list[str]] = {}
+    for group in groups:
+        unique = list(dict.fromkeys(group))
+        if len(unique) < 2:
+            continue
+        cos = np.stack([vectors[t] for t in unique]) @ np.stack([vectors[t] for t in unique]).T
+        np.fill_diagonal(cos, -np.inf)
+        for i, caption in enumerate(unique):
+            if caption in out:  # the same text in two photos' sets: its first set decides
+                continue
+            close = [unique[j] for j in np.flatnonzero(cos[i] >= min_cos)]
+            out[caption] = close or [unique[int(np.argmax(cos[i]))]]
+    return out
 
 
 def difference_batch(data: TrainingData, step: int, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:

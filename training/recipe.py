@@ -48,6 +48,10 @@ class ParaphraseSpec(Strict):
     x2: Literal["wordnet", "ppdb", "llm", "human"] = Field("wordnet", description="x'' = paraphrase of x' avoiding its words")
     dataset: str | None = Field(None, description="pre-generated JSONL (caption, x1, x2); generated if missing")
     ppdb: str | None = None
+    human_min_cos: float | None = Field(
+        None, ge=-1, le=1, description="x1 'human': only the photo's other captions whose cosine to the caption, by the "
+        "frozen tower, is at least this (the nearest one where none is): captions of one photo often describe "
+        "different parts of it, and pulling those together blurs the first answer")
 
 
 class DataSpec(Strict):

@@ -33,7 +33,8 @@ from paraseek.core.settings import Settings
 from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError
 from paraseek.training.export.hf_text import minilm_dir
 from paraseek.training.export.starter import ensure_starter_bundle
-from paraseek.training.data import TrainingData, difference_batch, load_training_data, resolve_data_path, sample_batch
+from paraseek.training.data import (TrainingData, close_captions, difference_batch, load_training_data, resolve_data_path,
+                                    sample_batch)
 from paraseek.training.losses import (Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss,
                                       relation_loss, wise_ft)
 from paraseek.training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
@@ -232,6 +233,7 @@ class Trainer:
                                                       leave_own_out=o.anchor_bank_leave_own_out,
                                                       rounds=o.anchor_bank_rounds)
                                if self.original is not None and o.anchor_weight > 0 and o.anchor_target == "bank" else None)
+        self.x1_choices = self._close_captions() if recipe.data.paraphrases.human_min_cos is not None else None
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
         # an epoch passes every photo once, and every text-only paraphrase set once where batches carry them
@@ -248,6 +250,17 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, cosine_schedule(t.warmup_steps, self.total_steps))
         self.step = 0
         self._resume()
+
+    def _close_captions(self) -> dict[str, list[str]]:
+        """``data.paraphrases.human_min_cos``: each caption's x' candidates, by the frozen tower's cosines
+        (the anchor targets' own embeddings where they are computed)."""
+        groups = self.data.captions + (self.data.text_groups or [])
+        texts = list(dict.fromkeys(c for group in groups for c in group))
+        if self.anchor_targets is not None:
+            plain = self.anchor_targets.plain_of(texts).numpy()
+        else:
+            plain = (self.original or self.tower).embed(texts, 256, desc="x' candidates")
+        return close_captions(groups, dict(zip(texts, plain)), self.recipe.data.paraphrases.human_min_cos)
 
     def _probe_dim(self) -> int:
         with torch.no_grad():
@@ -283,7 +296,7 @@ class Trainer:
         o = r.objective
         temp = self.temperature()
         batch = sample_batch(self.data, step, t.batch_size, t.seed, r.data.paraphrases.x1 == "human",
-                             r.data.text_per_batch if o.kind == "paraclip" else 0)
+                             r.data.text_per_batch if o.kind == "paraclip" else 0, self.x1_choices)
         if self.world > 1:  # each rank takes its share of the batch
             keep = slice(self.rank, None, self.world)
             batch.images, batch.x, batch.x1, batch.x2 = batch.images[keep], batch.x[keep], batch.x1[keep], batch.x2[keep]

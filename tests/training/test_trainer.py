@@ -141,6 +141,29 @@ def test_trained_bundle_serves(shared_data, starter_bundle, tmp_path):
         assert r.status_code == 200 and r.json()["bundle"] == "paraclip-starter-cpu"
 
 
+def test_human_min_cos_gives_each_caption_a_close_x1(shared_data, starter_bundle, tmp_path):
+    """data.paraphrases.human_min_cos: a caption's x' is another caption of its photo that the frozen tower
+    puts within that cosine of it (its nearest where none is), in every batch the run samples."""
+    from paraseek.training.data import sample_batch
+
+    spec = tiny("paraclip-starter-cpu", shared_data, starter_bundle, "data.paraphrases.human_min_cos=0.8",
+                "data.paraphrases.dataset=" + str(tmp_path / "para.jsonl"))
+    trainer = Trainer(spec, tmp_path / "run")
+    choices = trainer.x1_choices
+    assert set(choices) == {c for g in trainer.data.captions for c in g}
+    vectors = dict(zip(list(choices), trainer.original.embed(list(choices))))
+    for caption, close in choices.items():
+        others = [c for g in trainer.data.captions if caption in g for c in g if c != caption]
+        cos = {c: float(vectors[caption] @ vectors[c]) for c in others}
+        assert close == ([c for c in others if cos[c] >= 0.8] or [max(others, key=cos.get)])
+    fewer = sum(len(v) for v in choices.values()) / len(choices)
+    assert 1 <= fewer < 4  # five captions a photo: the filter keeps some of the four others
+    for step in range(3):
+        batch = sample_batch(trainer.data, step, 4, 0, True, 0, choices)
+        assert all(para in choices[caption] for caption, para in zip(batch.x, batch.x1))
+    assert np.isfinite(trainer.fit(progress=False)).all()
+
+
 def test_text_only_caption_sets_feed_l2_l3(shared_data, starter_bundle, tmp_path):
     """COCO train_captions.tsv: paraphrase sets without photos join the text-text terms."""
     from paraseek.training.data import sample_batch
