@@ -233,7 +233,8 @@ class Trainer:
                                                       leave_own_out=o.anchor_bank_leave_own_out,
                                                       rounds=o.anchor_bank_rounds)
                                if self.original is not None and o.anchor_weight > 0 and o.anchor_target == "bank" else None)
-        self.x1_choices = self._close_captions() if recipe.data.paraphrases.human_min_cos is not None else None
+        min_cos = recipe.data.paraphrases.human_min_cos
+        self.x1_choices = self._close_captions(min_cos) if min_cos is not None else None
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
         # an epoch passes every photo once, and every text-only paraphrase set once where batches carry them
@@ -251,7 +252,7 @@ class Trainer:
         self.step = 0
         self._resume()
 
-    def _close_captions(self) -> dict[str, list[str]]:
+    def _close_captions(self, min_cos: float) -> dict[str, list[str]]:
         """``data.paraphrases.human_min_cos``: each caption's x' candidates, by the frozen tower's cosines
         (the anchor targets' own embeddings where they are computed)."""
         groups = self.data.captions + (self.data.text_groups or [])
@@ -260,7 +261,7 @@ class Trainer:
             plain = self.anchor_targets.plain_of(texts).numpy()
         else:
             plain = (self.original or self.tower).embed(texts, 256, desc="x' candidates")
-        return close_captions(groups, dict(zip(texts, plain)), self.recipe.data.paraphrases.human_min_cos)
+        return close_captions(groups, dict(zip(texts, plain)), min_cos)
 
     def _probe_dim(self) -> int:
         with torch.no_grad():
