@@ -213,7 +213,8 @@ def close_captions(groups: list[list[str]], vectors: dict[str, np.ndarray], min_
         unique = list(dict.fromkeys(group))
         if len(unique) < 2:
             continue
-        cos = np.stack([vectors[t] for t in unique]) @ np.stack([vectors[t] for t in unique]).T
+        rows = np.stack([vectors[t] for t in unique])
+        cos = rows @ rows.T
         np.fill_diagonal(cos, -np.inf)
         for i, caption in enumerate(unique):
             if caption in out:  # the same text in two photos' sets: its first set decides

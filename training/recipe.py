@@ -53,6 +53,12 @@ class ParaphraseSpec(Strict):
         "frozen tower, is at least this (the nearest one where none is): captions of one photo often describe "
         "different parts of it, and pulling those together blurs the first answer")
 
+    @model_validator(mode="after")
+    def _human_only(self):
+        if self.human_min_cos is not None and self.x1 != "human":
+            raise ValueError(f"human_min_cos picks among human captions: x1 is {self.x1!r}, not 'human'")
+        return self
+
 
 class DataSpec(Strict):
     captions: str | None = Field(None, description="COCO-format captions JSON with images")

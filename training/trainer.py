@@ -260,7 +260,8 @@ class Trainer:
         if self.anchor_targets is not None:
             plain = self.anchor_targets.plain_of(texts).numpy()
         else:
-            plain = (self.original or self.tower).embed(texts, 256, desc="x' candidates")
+            frozen = self.original if self.original is not None else self.tower  # not trained yet either way
+            plain = frozen.embed(texts, 256, desc="x' candidates")
         return close_captions(groups, dict(zip(texts, plain)), min_cos)
 
     def _probe_dim(self) -> int:

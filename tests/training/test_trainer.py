@@ -100,6 +100,7 @@ def test_wise_ft_interpolates_towards_the_original(shared_data, starter_bundle, 
     (["model.kind=alignment", "objective.anchor_weight=1"], "anchor_weight"),
     (["objective.kind=laclip", "objective.relation_weight=1"], "relation_weight"),
     (["objective.preserve_weight=1"], "preserve_texts"),
+    (["data.paraphrases.x1=wordnet", "data.paraphrases.human_min_cos=0.8"], "recipe.data.paraphrases: Value error, human_min_cos"),
     (["model.kind=alignment", "objective.preserve_texts=wordnet", "objective.preserve_weight=1"], "preserve_weight"),
 ])
 def test_bad_recipes_name_the_field(overrides, message):
