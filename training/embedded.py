@@ -20,6 +20,7 @@ from paraseek.index.demo import build_demo_snapshot
 from paraseek.index.snapshot import Snapshot, current_version
 from paraseek.index.backends import store_from_settings
 from paraseek.paraphrase.caption_bank import bank_dir, default_bank
+from paraseek.training.export.starter_release import ROBUST_NAME, STARTER_NAME, STARTER_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +40,40 @@ def on_gpu_host(settings: Settings) -> bool:
     return bool(GPU_PROVIDERS.intersection(configured_providers(settings.providers)))
 
 
+def outdated_starter(bundle: Path) -> str | None:
+    """The version of the starter bundle in ``bundle`` when an older release of the package built it, else None
+    (also for a bundle that is not a starter)."""
+    manifest = read_manifest(bundle, verify=False)
+    if manifest.name in (STARTER_NAME, ROBUST_NAME) and manifest.version != STARTER_VERSION:
+        return manifest.version
+    return None
+
+
 def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress: bool = True,
                             with_bank: bool = True) -> tuple[Path, Path]:
-    """(bundle dir, snapshot root) of the embedded default, each built if missing (or ``rebuild``);
-    ``with_bank``: also the caption bank its default expansion uses (about 30 s once)."""
+    """(bundle dir, snapshot root) of the embedded default, each built if missing (or ``rebuild``, or the
+    starter is of an older release); ``with_bank``: also the caption bank its default expansion uses
+    (about 30 s once)."""
     bundle, snap_root = settings.starter_bundle_dir, settings.snapshot_root
-    if rebuild or not (bundle / "manifest.json").is_file():
+    built = (bundle / "manifest.json").is_file()
+    older = outdated_starter(bundle) if built and not rebuild else None
+    if rebuild or not built or older is not None:
         try:
             # torch, lazily: only building the starter needs it
             from paraseek.training.export.starter import ROBUST_LAYERS, build_starter
         except ImportError as exc:
-            raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
-        log.warning("building the %s starter bundle in %s ...", settings.starter, bundle)
-        build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None)
+            if older is None:
+                raise UserError(STARTER_MISSING.format(path=bundle, error=exc)) from exc
+            log.warning("the starter bundle in %s is v%s, this release's is v%s, and torch is not installed here to "
+                        "rebuild it: serving v%s as it is", bundle, older, STARTER_VERSION, older)
+        else:
+            if older is not None:
+                # an upgrade: the demo index and the caption bank are rebuilt with it (image space, bank version)
+                log.warning("the starter bundle in %s is v%s, this release's is v%s: rebuilding it, the demo index "
+                            "and the caption bank", bundle, older, STARTER_VERSION)
+                rebuild = True
+            log.warning("building the %s starter bundle in %s ...", settings.starter, bundle)
+            build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None)
     if on_gpu_host(settings) and read_manifest(bundle, verify=False).text_fp16 is None:
         # what `auto` serves on a GPU; a bundle built on a CPU host gets it at its first GPU start
         from paraseek.core.demo import demo_captions

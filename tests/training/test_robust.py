@@ -148,6 +148,62 @@ def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
     assert served.backend == "milvus" and len(served) == 76
 
 
+def _older_release_home(embedded_home: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the built home whose robust starter says an older release built it."""
+    import shutil
+
+    from paraseek.core.bundle import write_manifest
+
+    home = tmp_path / "home"
+    shutil.copytree(embedded_home, home)
+    bundle = home / "bundles/starter-robust"
+    write_manifest(bundle, read_manifest(bundle, verify=False).model_copy(update={"version": "1"}))
+    return home, bundle
+
+
+def test_a_starter_of_an_older_release_is_rebuilt_with_its_demo_index(embedded_home, tmp_path, monkeypatch):
+    from paraseek.core.bundle import write_manifest
+    from paraseek.core.settings import Settings
+    from paraseek.index.snapshot import current_version
+    from paraseek.training.embedded import ensure_embedded_default, outdated_starter
+    from paraseek.training.export import starter
+    from paraseek.training.export.starter_release import STARTER_VERSION
+
+    home, bundle = _older_release_home(embedded_home, tmp_path)
+    assert outdated_starter(bundle) == "1" and outdated_starter(embedded_home / "bundles/starter-robust") is None
+    current = read_manifest(embedded_home / "bundles/starter-robust", verify=False)
+    built = []
+
+    def build_starter(out, tuned_layers=None):  # the real build is test_shipped_layers_build_the_robust_starter's
+        built.append((Path(out), tuned_layers))
+        write_manifest(out, current)
+
+    monkeypatch.setattr(starter, "build_starter", build_starter)
+    settings = Settings(home=home)
+    index_before = current_version(settings.snapshot_root)
+    ensure_embedded_default(settings, progress=False, with_bank=False)
+    assert built == [(bundle, starter.ROBUST_LAYERS)] and read_manifest(bundle).version == STARTER_VERSION
+    assert current_version(settings.snapshot_root) != index_before  # the demo index follows the new image side
+    ensure_embedded_default(settings, progress=False, with_bank=False)
+    assert len(built) == 1  # a bundle of this release is left as it is
+
+
+def test_an_older_starter_serves_as_it_is_where_torch_is_missing(embedded_home, tmp_path, monkeypatch, caplog):
+    import sys
+
+    from paraseek.core.settings import Settings
+    from paraseek.index.snapshot import current_version
+    from paraseek.training.embedded import ensure_embedded_default
+
+    home, bundle = _older_release_home(embedded_home, tmp_path)
+    settings = Settings(home=home)
+    index_before = current_version(settings.snapshot_root)
+    monkeypatch.setitem(sys.modules, "paraseek.training.export.starter", None)  # its import fails as without torch
+    assert ensure_embedded_default(settings, progress=False, with_bank=False) == (bundle, settings.snapshot_root)
+    assert read_manifest(bundle).version == "1" and current_version(settings.snapshot_root) == index_before
+    assert "torch is not installed here to rebuild it: serving v1 as it is" in caplog.text
+
+
 def test_train_flags_need_robust(tmp_path):
     from typer.testing import CliRunner
 

@@ -34,15 +34,12 @@ from paraseek.core.tokenizer import load_tokenizer
 from paraseek.training.export.quantize import quantize_text_tower, record_int8_evaluation
 from paraseek.training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
 from paraseek.training.export.onnx_export import export_onnx
+from paraseek.training.export.starter_release import ROBUST_NAME, STARTER_NAME, STARTER_VERSION
 
-STARTER_NAME = "paraseek-starter"
-ROBUST_NAME = "paraseek-starter-robust"
 # the robust text tower's tuned layers (fp16) and their card: training/recipes/robust-starter.yaml
 ROBUST_LAYERS = Path(__file__).resolve().parent.parent / "assets" / "robust-starter.safetensors"
 # fp32 vs int8 of each starter, measured at release (see the file's "about")
 INT8_EVALUATIONS = Path(__file__).resolve().parent.parent / "assets" / "int8-evaluations.json"
-# 2: the image side's softer class mix (T 15, temperature 1.35); caption banks of v1 are rebuilt
-STARTER_VERSION = "2"
 TOP_T = 15
 CLASS_TEMPERATURE = 1.35
 PROMPT = "a photo of a {}"
