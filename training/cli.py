@@ -210,6 +210,40 @@ def build_bank_cmd(
     console.print(f"caption bank: {bank.manifest.count} captions embedded by {encoder.name} v{encoder.version} in {target}")
 
 
+@models_app.command("embed-images")
+@user_errors
+def embed_images_cmd(
+    captions: Path = typer.Option(..., help="COCO-format captions JSON (or any source `paraseek index build` reads) "
+                                  "whose captioned photos to embed."),
+    out: Path = typer.Option(..., help=".npz to write: the format of a recipe's data.image_embeddings."),
+    images: Optional[Path] = typer.Option(None, help="Photo folder (default: beside the captions file)."),
+    bundle: Optional[Path] = typer.Option(None, help="Bundle whose frozen image tower embeds them (default: the configured one)."),
+    fp16: bool = typer.Option(False, help="Store the vectors as float16 (half the size; how the starter's asset ships)."),
+    hold_out: List[Path] = typer.Option([], help="Paraphrase pairs you evaluate on (the `paraseek eval --pairs` TSV; "
+                                        "repeatable): captions equal to one of their texts are left out."),
+):
+    """Embed training photos once with a frozen image tower, for recipes' data.image_embeddings (e.g. on a GPU
+    machine, or to remake training/assets/coco_mini_train_starter_images.npz after the starter's image side changes)."""
+    from paraseek.evaluation.data import read_pairs
+    from paraseek.training.data import embed_photos, save_image_embeddings, without_texts
+
+    encoder = Encoder(bundle or Settings().bundle_dir)
+    if not encoder.has_image_tower:
+        raise UserError(f"--bundle: {encoder.name} v{encoder.version} has no image tower to embed photos with")
+    if out.suffix != ".npz":
+        raise UserError(f"--out: {out} must end in .npz")
+    held_out = {text.strip() for path in hold_out for pair in read_pairs(path) for text in pair}
+    embeddings, skipped = embed_photos(captions, images, encoder)
+    for item in skipped:
+        console.print(f"skipped {item['path']}: {item['error']}")
+    if held_out:
+        embeddings, dropped = without_texts(embeddings, held_out)
+        console.print(f"{dropped} captions left out: they are texts of the held-out pairs")
+    save_image_embeddings(out, embeddings, encoder.image_space, fp16=fp16)
+    console.print(f"{len(embeddings.ids)} photos embedded by {encoder.name} v{encoder.version} "
+                  f"(image space {encoder.image_space}), {len(skipped)} skipped: {out}")
+
+
 @models_app.command("info")
 @user_errors
 def info_cmd(bundle: Path = typer.Argument(None, help="Bundle directory (default: the configured bundle).")):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,48 +68,96 @@ def resolve_data_path(path: str) -> Path:
     return shipped if shipped.exists() else given
 
 
-def load_image_embeddings(path: Path, image_space: str) -> ImageEmbeddings:
-    """Image embeddings computed elsewhere by the same frozen image tower: a .npz with ``ids``, ``vectors``,
-    ``captions`` (JSON list of caption lists) and ``image_space`` (checked against the tower's)."""
+IMAGE_EMBEDDING_KEYS = frozenset({"ids", "vectors", "captions", "image_space"})
+
+
+def save_image_embeddings(path: Path, embeddings: ImageEmbeddings, image_space: str, *, fp16: bool = False) -> None:
+    """The one file format for image embeddings made elsewhere (``data.image_embeddings``) and for a run's
+    cache: a .npz of ``ids``, ``vectors``, ``captions`` (a JSON string, so it loads without pickle) and
+    ``image_space``. Written beside and renamed, so an interrupted write never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")  # np.savez appends .npz to a name without it
+    np.savez(tmp, ids=np.asarray(embeddings.ids, np.int64),
+             vectors=np.asarray(embeddings.vectors, np.float16 if fp16 else np.float32),
+             captions=np.array(json.dumps(embeddings.captions)), image_space=np.array(image_space))
+    tmp.replace(path)
+
+
+def read_image_embeddings(path: Path) -> tuple[ImageEmbeddings, str]:
+    """-> (embeddings with float32 vectors, the image space they were made in)."""
     if not path.is_file():
         raise UserError(f"data.image_embeddings: {path} does not exist")
-    with np.load(path, allow_pickle=False) as arrays:
-        missing = {"ids", "vectors", "captions", "image_space"} - set(arrays.files)
-        if missing:
-            raise UserError(f"data.image_embeddings: {path} lacks {', '.join(sorted(missing))}")
-        if str(arrays["image_space"]) != image_space:
-            raise UserError(f"data.image_embeddings: {path} is in image space {arrays['image_space']}, "
-                            f"the frozen image tower's is {image_space}")
-        captions = json.loads(str(arrays["captions"]))
-        ids, vectors = arrays["ids"], arrays["vectors"].astype(np.float32)
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            missing = IMAGE_EMBEDDING_KEYS - set(arrays.files)
+            if missing:
+                raise UserError(f"data.image_embeddings: {path} lacks {', '.join(sorted(missing))}")
+            captions = json.loads(str(arrays["captions"]))
+            ids, vectors, space = arrays["ids"], arrays["vectors"].astype(np.float32), str(arrays["image_space"])
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # not a .npz, or a torn one
+        raise UserError(f"data.image_embeddings: {path} is not an image-embeddings .npz ({err})") from err
     if len(captions) != len(ids) or len(vectors) != len(ids):
         raise UserError(f"data.image_embeddings: {path} has {len(ids)} ids, {len(vectors)} vectors, {len(captions)} caption lists")
-    return ImageEmbeddings(ids, vectors, captions)
+    return ImageEmbeddings(ids, vectors, captions), space
+
+
+def load_image_embeddings(path: Path, image_space: str) -> ImageEmbeddings:
+    """Image embeddings computed elsewhere (``paraseek models embed-images``) by the same frozen image
+    tower: refused when they were made in another image space."""
+    embeddings, space = read_image_embeddings(path)
+    if space != image_space:
+        raise UserError(f"data.image_embeddings: {path} is in image space {space}, the frozen image tower's is {image_space}")
+    return embeddings
+
+
+def embed_photos(captions: Path, images: str | Path | None, image_encoder: Encoder,
+                 progress: bool = True) -> tuple[ImageEmbeddings, list[dict]]:
+    """The photos of a captions file (any source ``paraseek index build`` reads) embedded by the frozen
+    image tower -> (embeddings of the photos that have captions, [{path, error}] of those skipped:
+    unreadable, or without a caption the training terms could use)."""
+    source = open_source(captions, images)
+    records = [r for r in source.records if r.captions]
+    skipped = [{"path": r.path, "error": "no captions"} for r in source.records if not r.captions]
+    if not records:
+        raise UserError(f"{captions}: no photo with captions to embed ({len(source.records)} photos, none captioned)")
+    vectors, kept, _, unreadable = embed_records(image_encoder, source.root, records, progress=progress)
+    ids = np.array([r.id for r in kept], np.int64)
+    return ImageEmbeddings(ids, vectors.astype(np.float32), [r.captions for r in kept]), skipped + unreadable
+
+
+def without_texts(embeddings: ImageEmbeddings, texts: set[str]) -> tuple[ImageEmbeddings, int]:
+    """Drop the captions that are evaluation texts (so training never sees a text it is measured on), and
+    the photos left with none -> (what remains, how many captions were dropped)."""
+    keep, captions, dropped = [], [], 0
+    for row, caps in enumerate(embeddings.captions):
+        left = [c for c in caps if c.strip() not in texts]
+        dropped += len(caps) - len(left)
+        if left:
+            keep.append(row)
+            captions.append(left)
+    return ImageEmbeddings(embeddings.ids[keep], embeddings.vectors[keep], captions), dropped
 
 
 def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> ImageEmbeddings:
     """Image embeddings by the frozen tower, computed once per run directory and kept as arrays
-    (``image-embeddings.npz`` + captions JSON): training needs the vectors, not a search index."""
+    (``image-embeddings.npz``, the format of ``data.image_embeddings``): training needs the vectors, not a
+    search index. A cache of another image space (the recipe's tower changed) is embedded again."""
     if data.image_embeddings:
         return load_image_embeddings(resolve_data_path(data.image_embeddings), image_encoder.image_space)
     assert data.captions is not None  # the recipe schema asks for one of the two
     cache = run_dir / "image-embeddings.npz"
-    meta = run_dir / "image-embeddings.json"
-    if cache.is_file() and meta.is_file():
-        info = json.loads(meta.read_text())
-        if info.get("image_space") == image_encoder.image_space:
-            arrays = np.load(cache)
-            return ImageEmbeddings(arrays["ids"], arrays["vectors"], info["captions"])
-    source = open_source(resolve_data_path(data.captions), data.images)
-    vectors, kept, _, skipped = embed_records(image_encoder, source.root, source.records)
+    if cache.is_file():
+        try:
+            cached, space = read_image_embeddings(cache)
+            if space == image_encoder.image_space:
+                return cached
+        except UserError as err:
+            log.warning("image-embedding cache unreadable, embedding again: %s", err)
+    embeddings, skipped = embed_photos(resolve_data_path(data.captions), data.images, image_encoder)
     for item in skipped:
         log.warning("training image skipped: %s", item)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ids = np.array([r.id for r in kept], np.int64)
-    np.savez(cache, ids=ids, vectors=vectors.astype(np.float32))
-    meta.write_text(json.dumps({"image_space": image_encoder.image_space,
-                                "captions": [r.captions for r in kept], "skipped": skipped}))
-    return ImageEmbeddings(ids, vectors, [r.captions for r in kept])
+    save_image_embeddings(cache, embeddings, image_encoder.image_space)
+    return embeddings
 
 
 def paraphrase_source(method: str, spec: ParaphraseSpec, second_step: bool, settings: Settings) -> ParaphraseSource:
