@@ -110,13 +110,13 @@ def load_image_embeddings(path: Path, image_space: str) -> ImageEmbeddings:
     return embeddings
 
 
-def embed_photos(captions: Path, images: str | Path | None, image_encoder: Encoder,
+def embed_photos(captions: Path, images: str | Path | None, image_encoder: Encoder, limit: int | None = None,
                  progress: bool = True) -> tuple[ImageEmbeddings, list[dict]]:
     """The photos of a captions file (any source ``paraseek index build`` reads) embedded by the frozen
-    image tower -> (embeddings of the photos that have captions, [{path, error}] of those skipped:
-    unreadable, or without a caption the training terms could use)."""
+    image tower -> (embeddings of the photos that have captions, the first ``limit`` of them where given;
+    [{path, error}] of those skipped: unreadable, or without a caption the training terms could use)."""
     source = open_source(captions, images)
-    records = [r for r in source.records if r.captions]
+    records = [r for r in source.records if r.captions][:limit]
     skipped = [{"path": r.path, "error": "no captions"} for r in source.records if not r.captions]
     if not records:
         raise UserError(f"{captions}: no photo with captions to embed ({len(source.records)} photos, none captioned)")
@@ -145,7 +145,8 @@ def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> Image
     if data.image_embeddings:
         return load_image_embeddings(resolve_data_path(data.image_embeddings), image_encoder.image_space)
     assert data.captions is not None  # the recipe schema asks for one of the two
-    cache = run_dir / "image-embeddings.npz"
+    # a trial on the first N photos of a large set embeds those only, in a cache of its own
+    cache = run_dir / (f"image-embeddings-first{data.max_images}.npz" if data.max_images else "image-embeddings.npz")
     if cache.is_file():
         try:
             cached, space = read_image_embeddings(cache)
@@ -153,7 +154,7 @@ def embed_images(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> Image
                 return cached
         except UserError as err:
             log.warning("image-embedding cache unreadable, embedding again: %s", err)
-    embeddings, skipped = embed_photos(resolve_data_path(data.captions), data.images, image_encoder)
+    embeddings, skipped = embed_photos(resolve_data_path(data.captions), data.images, image_encoder, data.max_images)
     for item in skipped:
         log.warning("training image skipped: %s", item)
     save_image_embeddings(cache, embeddings, image_encoder.image_space)

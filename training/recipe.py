@@ -66,7 +66,8 @@ class DataSpec(Strict):
                                          "frozen image tower (ids, vectors, captions as JSON, image_space), e.g. "
                                          "'assets/coco_mini_train_starter_images.npz' (paths relative to training/)")
     images: str | None = Field(None, description="image folder of the captions file (default: beside it)")
-    max_images: int | None = Field(None, ge=2)
+    max_images: int | None = Field(None, ge=2, description="train on the first N captioned photos only (a trial on a "
+                                   "large set: only those are embedded)")
     text_captions: str | None = Field(None, description="TSV (image_id, caption): extra paraphrase sets without "
                                       "images, used by the text-text terms (ParaCLIP L2/L3)")
     text_per_batch: int = Field(0, ge=0, description="text-only sets added to each batch")

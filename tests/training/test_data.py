@@ -149,3 +149,22 @@ def test_run_cache_is_reused_in_its_image_space_only(shared_data, starter_encode
     save_image_embeddings(run / "image-embeddings.npz", first, "another-space")
     with pytest.raises(AssertionError, match="embedded again"):
         embed_images(DataSpec(captions=str(captions)), starter_encoder, run)
+
+
+def test_a_trial_on_the_first_photos_embeds_those_only(shared_data, starter_encoder, tmp_path, monkeypatch):
+    import paraseek.training.data as data
+
+    captions, images = _mini_coco(shared_data, tmp_path, n=3)
+    embedded = []
+    real = data.embed_records
+
+    def counting(encoder, root, records, **kwargs):
+        embedded.append(len(records))
+        return real(encoder, root, records, **kwargs)
+
+    monkeypatch.setattr(data, "embed_records", counting)
+    got = embed_images(DataSpec(captions=str(captions), max_images=2), starter_encoder, tmp_path / "run")
+    assert embedded == [2] and got.ids.tolist() == [im["id"] for im in images[:2]]
+    assert (tmp_path / "run" / "image-embeddings-first2.npz").is_file()
+    whole = embed_images(DataSpec(captions=str(captions)), starter_encoder, tmp_path / "run")
+    assert embedded == [2, 4] and whole.ids.size == 3  # the whole set is not the trial's cache; the bad file skipped
