@@ -219,6 +219,26 @@ def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(t
                      f"objective.anchor_bank={tmp_path / 'starter-bank'}"), tmp_path / "run2")
 
 
+def test_an_open_clip_run_trains_on_photos_embedded_beforehand(tiny_clip, shared_data, starter_bundle, tmp_path):
+    """README's flow for a team with its own CLIP: `paraseek models embed-images` with the frozen tower's bundle,
+    then the recipe with data.image_embeddings; the starter's embeddings (another image space) are refused."""
+    bundle, _, ckpt = tiny_clip
+    photos = str(shared_data / "coco-mini" / "captions_train2017.json")
+    for which, out in ((bundle, "clip.npz"), (starter_bundle, "starter.npz")):
+        r = CliRunner().invoke(app, ["models", "embed-images", "--bundle", str(which), "--captions", photos,
+                                     "--out", str(tmp_path / out)])
+        assert r.exit_code == 0 and "80 photos embedded" in r.output, r.output
+    overrides = [*TINY_OPEN_CLIP, f"model.pretrained={ckpt}", "data.captions=null",
+                 "data.paraphrases.dataset=" + str(tmp_path / "para.jsonl")]
+    spec = tiny("paraclip-vitb32", shared_data, starter_bundle, *overrides, f"data.image_embeddings={tmp_path / 'clip.npz'}")
+    result = train(spec, tmp_path / "run", progress=False)
+    assert result.steps == 2 and np.isfinite(result.last_loss)
+    assert not list((tmp_path / "run").glob("image-embeddings*.npz"))  # nothing embedded again
+    with pytest.raises(UserError, match="data.image_embeddings: .*starter.npz is in image space starter/"):
+        Trainer(tiny("paraclip-vitb32", shared_data, starter_bundle, *overrides,
+                     f"data.image_embeddings={tmp_path / 'starter.npz'}"), tmp_path / "run2")
+
+
 def test_the_similarity_structure_term_trains_and_is_logged(shared_data, starter_bundle, tmp_path):
     """relation_weight: the term compares the tuned tower's cosines among the batch's captions with the
     frozen tower's; with the bank anchor it reads the frozen embeddings kept beside the targets."""
