@@ -38,6 +38,13 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
+def held_out_texts(paths: list[Path]) -> set[str]:
+    """Every text of these pairs files, stripped and lower-cased (compare ``text.strip().lower()``): what
+    training data and caption banks must not contain, or a measurement on those pairs would credit a
+    model for having seen (or a bank for holding) the query itself."""
+    return {text.strip().lower() for path in paths for pair in read_pairs(path) for text in pair}
+
+
 def read_caption_groups(path: str | Path, min_size: int = 2) -> list[list[str]]:
     """Captions grouped by photo from a TSV with ``image_id`` and ``caption`` columns (COCO's captions
     of one photo are human paraphrases of each other); ``.gz`` files are read as they are."""

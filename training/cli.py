@@ -15,6 +15,7 @@ from paraseek.core.demo import demo_captions
 from paraseek.core.encoder import Encoder
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
+from paraseek.evaluation.data import held_out_texts
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
 from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
 from paraseek.training.recipe import list_recipes, load_recipe
@@ -200,11 +201,20 @@ def build_bank_cmd(
     captions: Optional[Path] = typer.Option(None, help="Captions: one per line (.txt, .txt.gz) or a TSV with a caption "
                                             "column (default: the shipped COCO captions). Never the indexed gallery's own."),
     out: Optional[Path] = typer.Option(None, help="Bank folder (default: the bundle's bank under $PARASEEK_HOME)."),
+    hold_out: List[Path] = typer.Option([], help="Paraphrase pairs you evaluate on (the `paraseek eval --pairs` TSV; "
+                                        "repeatable): captions equal to one of their texts are left out of the bank."),
 ):
     """Embed a caption bank for query expansion (expansion method 'bank')."""
     settings = Settings()
     encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
     texts = read_caption_texts(captions or DEFAULT_TEXTS)
+    if hold_out:
+        held_out = held_out_texts(hold_out)
+        kept = [t for t in texts if t.strip().lower() not in held_out]
+        if not kept:
+            raise UserError("--hold-out: every caption of the bank is a text of the held-out pairs")
+        console.print(f"{len(texts) - len(kept)} captions left out: they are texts of the held-out pairs")
+        texts = kept
     target = out or bank_dir(settings.home, encoder.manifest)
     bank = CaptionBank.build(encoder, texts, target, texts_source=(captions or DEFAULT_TEXTS).name)
     console.print(f"caption bank: {bank.manifest.count} captions embedded by {encoder.name} v{encoder.version} in {target}")
@@ -224,7 +234,6 @@ def embed_images_cmd(
 ):
     """Embed training photos once with a frozen image tower, for recipes' data.image_embeddings (e.g. on a GPU
     machine, or to remake training/assets/coco_mini_train_starter_images.npz after the starter's image side changes)."""
-    from paraseek.evaluation.data import read_pairs
     from paraseek.training.data import embed_photos, save_image_embeddings, without_texts
 
     encoder = Encoder(bundle or Settings().bundle_dir)
@@ -232,7 +241,7 @@ def embed_images_cmd(
         raise UserError(f"--bundle: {encoder.name} v{encoder.version} has no image tower to embed photos with")
     if out.suffix != ".npz":
         raise UserError(f"--out: {out} must end in .npz")
-    held_out = {text.strip() for path in hold_out for pair in read_pairs(path) for text in pair}
+    held_out = held_out_texts(hold_out)
     embeddings, skipped = embed_photos(captions, images, encoder)
     for item in skipped:
         console.print(f"skipped {item['path']}: {item['error']}")

@@ -126,11 +126,12 @@ def embed_photos(captions: Path, images: str | Path | None, image_encoder: Encod
 
 
 def without_texts(embeddings: ImageEmbeddings, texts: set[str]) -> tuple[ImageEmbeddings, int]:
-    """Drop the captions that are evaluation texts (so training never sees a text it is measured on), and
-    the photos left with none -> (what remains, how many captions were dropped)."""
+    """Drop the captions that are evaluation texts (``texts`` as ``evaluation.data.held_out_texts`` gives them:
+    stripped, lower-cased), so training never sees a text it is measured on, and the photos left with none
+    -> (what remains, how many captions were dropped)."""
     keep, captions, dropped = [], [], 0
     for row, caps in enumerate(embeddings.captions):
-        left = [c for c in caps if c.strip() not in texts]
+        left = [c for c in caps if c.strip().lower() not in texts]
         dropped += len(caps) - len(left)
         if left:
             keep.append(row)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from paraseek.cli import app
 from paraseek.core.errors import UserError
+from paraseek.evaluation.data import held_out_texts
 from paraseek.training.data import (
     ImageEmbeddings,
     close_captions,
@@ -78,9 +79,11 @@ def test_image_embeddings_refuse_a_torn_or_foreign_file(tmp_path):
         read_image_embeddings(tmp_path / "missing.npz")
 
 
-def test_without_texts_drops_evaluation_captions_and_photos_left_bare():
+def test_without_texts_drops_evaluation_captions_and_photos_left_bare(tmp_path):
     emb = _embeddings()
-    got, dropped = without_texts(emb, {"a dog", "a bus"})
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("caption1\tcaption2\nA dog \ta bus\n")  # case and spaces do not hide a text
+    got, dropped = without_texts(emb, held_out_texts([pairs]))
     assert dropped == 3 and got.ids.tolist() == [7, 9] and got.captions == [["a puppy"], ["a lamp"]]
     np.testing.assert_array_equal(got.vectors, emb.vectors[[0, 2]])
 
