@@ -19,7 +19,7 @@ from tqdm import tqdm
 from paraseek.core.errors import UserError
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
-from paraseek.evaluation.data import read_caption_groups
+from paraseek.evaluation.data import held_out_texts, read_caption_groups
 from paraseek.index.builder import embed_records
 from paraseek.index.image_sources import open_source
 from paraseek.paraphrase import ParaphraseSource
@@ -201,7 +201,11 @@ def generate_paraphrases(captions: list[str], spec: ParaphraseSpec, out: Path,
 
 
 def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) -> TrainingData:
+    held_out = held_out_texts([resolve_data_path(p) for p in data.hold_out])  # read first: a bad file fails fast
     images = embed_images(data, image_encoder, run_dir)
+    if held_out:
+        images, dropped = without_texts(images, held_out)
+        log.info("data.hold_out: %d captions of the photos left out", dropped)
     ids, vectors, captions = images.ids, np.asarray(images.vectors, np.float32), images.captions
     if data.max_images:
         ids, vectors, captions = ids[: data.max_images], vectors[: data.max_images], captions[: data.max_images]
@@ -212,6 +216,11 @@ def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) ->
     text_groups = None
     if data.text_captions:
         text_groups = read_caption_groups(resolve_data_path(data.text_captions))
+        if held_out:
+            left = [[c for c in group if c.lower() not in held_out] for group in text_groups]
+            log.info("data.hold_out: %d captions left out of data.text_captions",
+                     sum(map(len, text_groups)) - sum(map(len, left)))
+            text_groups = [group for group in left if len(group) >= 2]
     dataset = Path(data.paraphrases.dataset) if data.paraphrases.dataset else run_dir / "paraphrases.jsonl"
     every_caption = [c for group in captions + (text_groups or []) for c in group]
     rewrites = generate_paraphrases(every_caption, data.paraphrases, dataset)

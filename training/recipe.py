@@ -71,6 +71,8 @@ class DataSpec(Strict):
     text_captions: str | None = Field(None, description="TSV (image_id, caption): extra paraphrase sets without "
                                       "images, used by the text-text terms (ParaCLIP L2/L3)")
     text_per_batch: int = Field(0, ge=0, description="text-only sets added to each batch")
+    hold_out: list[str] = Field([], description="pairs files you evaluate on (the `paraseek eval --pairs` TSV): "
+                                "captions equal to one of their texts (case and spaces ignored) leave the training data")
     paraphrases: ParaphraseSpec = ParaphraseSpec()
     differences: str | None = Field(None, description="PC-CLIP: JSONL of {image1, image2, text}; default: built from captions")
 

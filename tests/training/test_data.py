@@ -171,3 +171,25 @@ def test_a_trial_on_the_first_photos_embeds_those_only(shared_data, starter_enco
     assert (tmp_path / "run" / "image-embeddings-first2.npz").is_file()
     whole = embed_images(DataSpec(captions=str(captions)), starter_encoder, tmp_path / "run")
     assert embedded == [2, 4] and whole.ids.size == 3  # the whole set is not the trial's cache; the bad file skipped
+
+
+def test_hold_out_keeps_evaluation_texts_out_of_the_training_data(shared_data, starter_encoder, tmp_path):
+    from paraseek.training.data import load_training_data
+    from paraseek.training.recipe import ParaphraseSpec
+
+    captions, images = _mini_coco(shared_data, tmp_path, n=3)
+    first = json.loads(captions.read_text())["annotations"]
+    photo_text = next(a["caption"] for a in first if a["image_id"] == images[0]["id"])
+    (tmp_path / "sets.tsv").write_text("image_id\tcaption\n1\ta dog on a sofa\n1\ta puppy on a couch\n1\tA dog asleep\n"
+                                       "2\ta red bus\n2\ta bus in a street\n")
+    (tmp_path / "pairs.tsv").write_text(f"caption1\tcaption2\n{photo_text.upper()}\ta dog asleep\na red bus\tsomething else\n")
+    spec = dict(captions=str(captions), text_captions=str(tmp_path / "sets.tsv"),
+                paraphrases=ParaphraseSpec(x1="human", x2="human"))
+    held = load_training_data(DataSpec(**spec, hold_out=[str(tmp_path / "pairs.tsv")]), starter_encoder, tmp_path / "run")
+    every = load_training_data(DataSpec(**spec), starter_encoder, tmp_path / "run")
+    assert any(photo_text in c for c in every.captions) and not any(photo_text in c for c in held.captions)
+    assert sum(map(len, every.captions)) - sum(map(len, held.captions)) == 1
+    assert every.text_groups == [["a dog on a sofa", "a puppy on a couch", "A dog asleep"], ["a red bus", "a bus in a street"]]
+    assert held.text_groups == [["a dog on a sofa", "a puppy on a couch"]]  # the bus set is left with one caption
+    with pytest.raises(UserError, match="missing.tsv does not exist"):
+        load_training_data(DataSpec(**spec, hold_out=[str(tmp_path / "missing.tsv")]), starter_encoder, tmp_path / "run")
