@@ -113,10 +113,11 @@ class ObjectiveSpec(Strict):
         0.0, ge=0, description="weight of the similarity-structure term: the cosines among a batch's captions of "
         "different photos kept at the frozen tower's (squared error), so consistency training does not reshape "
         "how unrelated sentences compare (what STS measures)")
-    preserve_texts: Literal["wordnet"] | None = Field(
+    preserve_texts: str | None = Field(
         None, description="general-domain sentences the tuned tower keeps where the frozen tower embeds them, "
         "preserve_per_batch of them each step: 'wordnet' = WordNet's usage examples and glosses (needs NLTK_DATA, "
-        "as WordNet rewrites do). Consistency training then reshapes the captions' domain, not how sentences in "
+        "as WordNet rewrites do), or a file of your own (one sentence per line, .gz too, or a TSV with a "
+        "'caption' column). Consistency training then reshapes the captions' domain, not how sentences in "
         "general compare (STS)")
     preserve_weight: float = Field(0.0, ge=0, description="weight of that term: mean (1 - cosine) to the frozen tower")
     preserve_per_batch: int = Field(64, ge=1)

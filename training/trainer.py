@@ -30,7 +30,7 @@ from paraseek.core.bundle import read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.query_vectors import mean_fusion
 from paraseek.core.settings import Settings
-from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError
+from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, read_caption_texts
 from paraseek.training.export.hf_text import minilm_dir
 from paraseek.training.export.starter import ensure_starter_bundle
 from paraseek.training.data import (TrainingData, close_captions, difference_batch, load_training_data, resolve_data_path,
@@ -105,14 +105,14 @@ def bank_of_frozen_tower(path: Path, frozen: TextTower) -> CaptionBank:
     return bank
 
 
-def preserved_sentences(source: str | None) -> list[str]:
-    """The general-domain sentences of ``objective.preserve_texts``."""
+def preserved_sentences(source: str) -> list[str]:
+    """The general-domain sentences of ``objective.preserve_texts``: WordNet's, or a file's."""
     from paraseek.paraphrase import ParaphraseSourceUnavailable
     from paraseek.paraphrase.wordnet import general_sentences
 
     try:
-        return general_sentences()
-    except ParaphraseSourceUnavailable as exc:
+        return general_sentences() if source == "wordnet" else read_caption_texts(resolve_data_path(source))
+    except (ParaphraseSourceUnavailable, UserError) as exc:
         raise UserError(f"objective.preserve_texts: {source}: {exc}") from None
 
 
@@ -225,7 +225,7 @@ class Trainer:
         o = recipe.objective
         self.original = (frozen_copy(self.tower) if (o.anchor_weight > 0 or o.relation_weight > 0 or o.preserve_weight > 0
                                                       or t.wise_ft_alpha < 1) else None)
-        self.preserved = preserved_sentences(o.preserve_texts) if o.preserve_weight > 0 else []
+        self.preserved = preserved_sentences(o.preserve_texts) if o.preserve_weight > 0 and o.preserve_texts else []
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         bank_path = resolve_data_path(o.anchor_bank) if o.anchor_bank else None

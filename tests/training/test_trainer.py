@@ -276,3 +276,16 @@ def test_the_preserve_term_keeps_general_sentences_where_the_frozen_tower_had_th
             rows = [json.loads(line) for line in (tmp_path / f"run{weight}/metrics.jsonl").read_text().splitlines()]
             assert all(r["preserve"] >= 0 for r in rows)
     assert 0 <= drift[100] < 0.6 * drift[0]  # 0.019 against 0.046 when written
+
+
+def test_preserve_texts_reads_a_file_of_the_users_sentences(tmp_path):
+    """objective.preserve_texts: besides 'wordnet', a file of sentences from the domain whose similarities
+    the run must keep (one per line, duplicates and blanks dropped); a missing file names the field."""
+    from paraseek.training.trainer import preserved_sentences
+
+    (tmp_path / "mine.txt").write_text("Stocks fell sharply on Monday.\n\nA man is playing a guitar.\nStocks fell sharply on Monday.\n")
+    assert preserved_sentences(str(tmp_path / "mine.txt")) == ["Stocks fell sharply on Monday.", "A man is playing a guitar."]
+    with pytest.raises(UserError, match="objective.preserve_texts: .*missing.txt"):
+        preserved_sentences(str(tmp_path / "missing.txt"))
+    spec = load_recipe("robust-starter", [f"objective.preserve_texts={tmp_path / 'mine.txt'}"])
+    assert spec.objective.preserve_texts == str(tmp_path / "mine.txt")
