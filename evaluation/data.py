@@ -39,10 +39,15 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 
 def held_out_texts(paths: list[Path]) -> set[str]:
-    """Every text of these pairs files, stripped and lower-cased (compare ``text.strip().lower()``): what
+    """Every text of these pairs files, stripped and lower-cased (``without_held_out`` compares so): what
     training data and caption banks must not contain, or a measurement on those pairs would credit a
     model for having seen (or a bank for holding) the query itself."""
     return {text.strip().lower() for path in paths for pair in read_pairs(path) for text in pair}
+
+
+def without_held_out(texts: list[str], held_out: set[str]) -> list[str]:
+    """``texts`` less those among ``held_out`` (as ``held_out_texts`` gives them), in order."""
+    return [t for t in texts if t.strip().lower() not in held_out]
 
 
 def read_caption_groups(path: str | Path, min_size: int = 2) -> list[list[str]]:

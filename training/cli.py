@@ -15,7 +15,7 @@ from paraseek.core.demo import demo_captions
 from paraseek.core.encoder import Encoder
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
-from paraseek.evaluation.data import held_out_texts
+from paraseek.evaluation.data import held_out_texts, without_held_out
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
 from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
 from paraseek.training.recipe import list_recipes, load_recipe
@@ -210,7 +210,7 @@ def build_bank_cmd(
     texts = read_caption_texts(captions or DEFAULT_TEXTS)
     if hold_out:
         held_out = held_out_texts(hold_out)
-        kept = [t for t in texts if t.strip().lower() not in held_out]
+        kept = without_held_out(texts, held_out)
         if not kept:
             raise UserError("--hold-out: every caption of the bank is a text of the held-out pairs")
         console.print(f"{len(texts) - len(kept)} captions left out: they are texts of the held-out pairs")
@@ -236,12 +236,12 @@ def embed_images_cmd(
     machine, or to remake training/assets/coco_mini_train_starter_images.npz after the starter's image side changes)."""
     from paraseek.training.data import embed_photos, save_image_embeddings, without_texts
 
-    encoder = Encoder(bundle or Settings().bundle_dir)
-    if not encoder.has_image_tower:
-        raise UserError(f"--bundle: {encoder.name} v{encoder.version} has no image tower to embed photos with")
     if out.suffix != ".npz":
         raise UserError(f"--out: {out} must end in .npz")
     held_out = held_out_texts(hold_out)
+    encoder = Encoder(bundle or Settings().bundle_dir)
+    if not encoder.has_image_tower:
+        raise UserError(f"--bundle: {encoder.name} v{encoder.version} has no image tower to embed photos with")
     embeddings, skipped = embed_photos(captions, images, encoder)
     for item in skipped:
         console.print(f"skipped {item['path']}: {item['error']}")

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from paraseek.core.errors import UserError
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
-from paraseek.evaluation.data import held_out_texts, read_caption_groups
+from paraseek.evaluation.data import held_out_texts, read_caption_groups, without_held_out
 from paraseek.index.builder import embed_records
 from paraseek.index.image_sources import open_source
 from paraseek.paraphrase import ParaphraseSource
@@ -126,12 +126,12 @@ def embed_photos(captions: Path, images: str | Path | None, image_encoder: Encod
 
 
 def without_texts(embeddings: ImageEmbeddings, texts: set[str]) -> tuple[ImageEmbeddings, int]:
-    """Drop the captions that are evaluation texts (``texts`` as ``evaluation.data.held_out_texts`` gives them:
-    stripped, lower-cased), so training never sees a text it is measured on, and the photos left with none
-    -> (what remains, how many captions were dropped)."""
+    """Drop the captions that are evaluation texts (``texts`` as ``evaluation.data.held_out_texts`` gives them),
+    so training never sees a text it is measured on, and the photos left with none -> (what remains, how
+    many captions were dropped)."""
     keep, captions, dropped = [], [], 0
     for row, caps in enumerate(embeddings.captions):
-        left = [c for c in caps if c.strip().lower() not in texts]
+        left = without_held_out(caps, texts)
         dropped += len(caps) - len(left)
         if left:
             keep.append(row)
@@ -217,7 +217,7 @@ def load_training_data(data: DataSpec, image_encoder: Encoder, run_dir: Path) ->
     if data.text_captions:
         text_groups = read_caption_groups(resolve_data_path(data.text_captions))
         if held_out:
-            left = [[c for c in group if c.lower() not in held_out] for group in text_groups]
+            left = [without_held_out(group, held_out) for group in text_groups]
             log.info("data.hold_out: %d captions left out of data.text_captions",
                      sum(map(len, text_groups)) - sum(map(len, left)))
             text_groups = [group for group in left if len(group) >= 2]

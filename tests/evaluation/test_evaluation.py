@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from paraseek.cli import app
 from paraseek.core.errors import UserError
 from paraseek.evaluation import perturb
-from paraseek.evaluation.data import DataError, read_pairs, read_sts
+from paraseek.evaluation.data import DataError, held_out_texts, read_pairs, read_sts, without_held_out
 from paraseek.evaluation.retrieval import cross_modal_recall
 from paraseek.paraphrase.expansions import KeepFirst
 
@@ -188,3 +188,10 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
                                  "--snapshot", str(tmp_path / "snap"), "--bundle", str(starter_bundle),
                                  "--expansion", "bank:x"])
     assert r.exit_code == 2 and "not a number" in r.output
+
+
+def test_held_out_texts_are_matched_whatever_their_case_and_spaces(tmp_path):
+    (tmp_path / "pairs.tsv").write_text("caption1\tcaption2\n A Dog on a sofa\ta puppy\n")
+    held = held_out_texts([tmp_path / "pairs.tsv"])
+    assert held == {"a dog on a sofa", "a puppy"}
+    assert without_held_out(["a dog on a sofa ", "A PUPPY", "a bus", "a puppy on a couch"], held) == ["a bus", "a puppy on a couch"]
