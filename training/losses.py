@@ -100,6 +100,15 @@ def relation_loss(tuned: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
     return ((tuned @ tuned.T - original @ original.T)[off] ** 2).mean()
 
 
+def cosent_loss(a: torch.Tensor, b: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """CoSENT: every two pairs whose gold scores differ are ranked by their cosines, the higher-scored
+    pair's cosine above the other's; log(1 + sum over those (i, j) of exp(scale * (cos_j - cos_i)))."""
+    cos = (a * b).sum(-1) * scale
+    wrong = cos[None, :] - cos[:, None]  # [i, j] = cos_j - cos_i, counted where score_i > score_j
+    wrong = wrong - (scores[:, None] <= scores[None, :]).to(wrong.dtype) * 1e12
+    return torch.logsumexp(torch.cat([wrong.new_zeros(1), wrong.flatten()]), dim=0)
+
+
 @torch.no_grad()
 def wise_ft(original: dict[str, torch.Tensor], tuned: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
     """WiSE-FT weight interpolation: (1 - alpha) * original + alpha * tuned (alpha = 1: tuned as is)."""

@@ -121,6 +121,13 @@ class ObjectiveSpec(Strict):
         "general compare (STS)")
     preserve_weight: float = Field(0.0, ge=0, description="weight of that term: mean (1 - cosine) to the frozen tower")
     preserve_per_batch: int = Field(64, ge=1)
+    similarity_pairs: str | None = Field(
+        None, description="sentence pairs with graded similarity scores the tuned tower learns to order by "
+        "cosine (CoSENT), similarity_per_batch of them each step: an STS Benchmark file (genre, file, year, id, "
+        "score, sentence1, sentence2), e.g. STS-B's training split. Teaches the sentence similarity that "
+        "consistency training would otherwise flatten (never the split you evaluate on)")
+    similarity_weight: float = Field(0.0, ge=0, description="weight of that term")
+    similarity_per_batch: int = Field(64, ge=2)
     anchor_bank: str | None = Field(
         None, description="caption bank folder whose captions expand a 'bank' anchor target: one `paraseek models "
         "build-bank --bundle BASE --captions YOUR_CAPTIONS` made with the frozen tower (same image space); default: "
@@ -159,6 +166,8 @@ class Recipe(Strict):
             raise ValueError("objective.relation_weight: the similarity-structure term is part of the paraclip objective")
         if self.objective.preserve_weight > 0 and self.objective.preserve_texts is None:
             raise ValueError("objective.preserve_weight: say which sentences to preserve (objective.preserve_texts)")
+        if self.objective.similarity_weight > 0 and self.objective.similarity_pairs is None:
+            raise ValueError("objective.similarity_weight: say which scored pairs to learn (objective.similarity_pairs)")
         if (self.objective.anchor_weight > 0 or self.objective.preserve_weight > 0) and self.model.kind == "alignment":
             raise ValueError("objective.anchor_weight, objective.preserve_weight: alignment layers start from scratch, "
                              "there is nothing to anchor to")

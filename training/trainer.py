@@ -30,13 +30,14 @@ from paraseek.core.bundle import read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.query_vectors import mean_fusion
 from paraseek.core.settings import Settings
+from paraseek.evaluation.data import StsPair, read_sts
 from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, read_caption_texts
 from paraseek.training.export.hf_text import minilm_dir
 from paraseek.training.export.starter import ensure_starter_bundle
 from paraseek.training.data import (TrainingData, close_captions, difference_batch, load_training_data, resolve_data_path,
                                     sample_batch)
-from paraseek.training.losses import (Temperature, anchor_loss, difference_loss, info_nce, multi_positive_loss, paraclip_loss,
-                                      relation_loss, wise_ft)
+from paraseek.training.losses import (Temperature, anchor_loss, cosent_loss, difference_loss, info_nce, multi_positive_loss,
+                                      paraclip_loss, relation_loss, wise_ft)
 from paraseek.training.models import AlignmentText, OpenClipText, SentenceText, TextTower, frozen_copy
 from paraseek.training.recipe import Recipe
 
@@ -114,6 +115,14 @@ def preserved_sentences(source: str) -> list[str]:
         return general_sentences() if source == "wordnet" else read_caption_texts(resolve_data_path(source))
     except (ParaphraseSourceUnavailable, UserError) as exc:
         raise UserError(f"objective.preserve_texts: {source}: {exc}") from None
+
+
+def similarity_pairs(path: str) -> list[StsPair]:
+    """The scored sentence pairs of ``objective.similarity_pairs`` (an STS Benchmark file)."""
+    try:
+        return read_sts(resolve_data_path(path))
+    except UserError as exc:
+        raise UserError(f"objective.similarity_pairs: {exc}") from None
 
 
 def tower_digest(tower: TextTower) -> str:
@@ -226,6 +235,7 @@ class Trainer:
         self.original = (frozen_copy(self.tower) if (o.anchor_weight > 0 or o.relation_weight > 0 or o.preserve_weight > 0
                                                       or t.wise_ft_alpha < 1) else None)
         self.preserved = preserved_sentences(o.preserve_texts) if o.preserve_weight > 0 and o.preserve_texts else []
+        self.similarity = similarity_pairs(o.similarity_pairs) if o.similarity_weight > 0 and o.similarity_pairs else []
         self.temperature = Temperature(recipe.objective.temperature, recipe.objective.learnable_temperature).to(self.device)
         self.data = load_training_data(recipe.data, self.image_encoder, self.run_dir)
         bank_path = resolve_data_path(o.anchor_bank) if o.anchor_bank else None
@@ -365,6 +375,14 @@ class Trainer:
             preserve = anchor_loss(encode(general), kept)
             parts["preserve"] = float(preserve.detach())
             loss = loss + o.preserve_weight * preserve
+        if o.similarity_weight > 0:
+            rng = np.random.default_rng([t.seed, step, 4])
+            pick = rng.choice(len(self.similarity), size=min(o.similarity_per_batch, len(self.similarity)), replace=False)
+            chosen = [self.similarity[i] for i in pick]
+            scores = torch.tensor([p.score for p in chosen], device=self.device)
+            similarity = cosent_loss(encode([p.a for p in chosen]), encode([p.b for p in chosen]), scores)
+            parts["similarity"] = float(similarity.detach())
+            loss = loss + o.similarity_weight * similarity
         return loss, parts
 
     # -- loop --------------------------------------------------------------------------------

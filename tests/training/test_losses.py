@@ -87,3 +87,25 @@ def test_relation_loss_is_zero_for_the_same_structure_and_grows_with_a_change():
     c = torch.nn.functional.normalize(a + 1.0 * torch.randn(8, 16), dim=-1)
     assert 0 < float(relation_loss(b, a)) < float(relation_loss(c, a))
     assert float(relation_loss(a[:1], a[:1])) == 0.0
+
+
+def test_cosent_loss_hand_computed_and_zero_only_for_the_gold_order():
+    from paraseek.training.losses import cosent_loss
+
+    def unit(angles):
+        return torch.stack([torch.cos(torch.tensor(angles)), torch.sin(torch.tensor(angles))], -1)
+
+    a = unit([0.0, 0.0, 0.0])
+    b = unit([0.0, 0.8, 1.4])  # cosines 1 > cos(0.8) > cos(1.4)
+    cos = torch.cos(torch.tensor([0.0, 0.8, 1.4]))
+    gold = torch.tensor([5.0, 3.0, 1.0])
+    # gold order: every term exp(20 (cos_j - cos_i)) with score_i > score_j is small
+    want = math.log(1 + sum(math.exp(20 * float(cos[j] - cos[i])) for i, j in ((0, 1), (0, 2), (1, 2))))
+    assert float(cosent_loss(a, b, gold)) == pytest.approx(want, rel=1e-4)
+    assert float(cosent_loss(a, b, gold)) < 0.01
+    assert float(cosent_loss(a, b, gold.flip(0))) > 10  # the reverse order is penalised
+    assert float(cosent_loss(a, b, torch.tensor([2.0, 2.0, 2.0]))) == pytest.approx(0.0)  # ties rank nothing
+    tuned = b.clone().requires_grad_()
+    cosent_loss(a, tuned, gold.flip(0)).backward()  # the gradient step lifts the low-cosine, high-score pair
+    stepped = F.normalize(tuned - 0.01 * tuned.grad, dim=-1)
+    assert float((a[2] * stepped[2]).sum()) > float(cos[2])

@@ -102,6 +102,8 @@ def test_wise_ft_interpolates_towards_the_original(shared_data, starter_bundle, 
     (["objective.preserve_weight=1"], "preserve_texts"),
     (["data.paraphrases.x1=wordnet", "data.paraphrases.human_min_cos=0.8"], "recipe.data.paraphrases: Value error, human_min_cos"),
     (["model.kind=alignment", "objective.preserve_texts=wordnet", "objective.preserve_weight=1"], "preserve_weight"),
+    (["objective.similarity_weight=1"], "similarity_pairs"),
+    (["objective.similarity_per_batch=1"], "recipe.objective.similarity_per_batch"),
 ])
 def test_bad_recipes_name_the_field(overrides, message):
     with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
@@ -289,3 +291,34 @@ def test_preserve_texts_reads_a_file_of_the_users_sentences(tmp_path):
         preserved_sentences(str(tmp_path / "missing.txt"))
     spec = load_recipe("robust-starter", [f"objective.preserve_texts={tmp_path / 'mine.txt'}"])
     assert spec.objective.preserve_texts == str(tmp_path / "mine.txt")
+
+
+def test_the_similarity_term_learns_graded_scores(shared_data, starter_bundle, tmp_path):
+    """similarity_pairs/similarity_weight: trained on STS-B's training pairs, the tower orders those pairs'
+    cosines closer to their gold scores than the same run without the term; a file that is not STS-B
+    format names the field."""
+    from scipy.stats import spearmanr
+
+    from paraseek.evaluation.data import read_sts
+
+    pairs = read_sts(shared_data / "sts/sts-train.csv")[:48]
+    (tmp_path / "pairs.csv").write_text("".join(f"g\tf\ty\t{i}\t{p.score}\t{p.a}\t{p.b}\n" for i, p in enumerate(pairs)))
+    rho = {}
+    for weight in (0, 5):
+        extra = [f"objective.similarity_weight={weight}", f"objective.similarity_pairs={tmp_path / 'pairs.csv'}",
+                 "objective.similarity_per_batch=48"]
+        spec = tiny("paraclip-starter-cpu", shared_data, starter_bundle, "train.lr=1e-3", "train.steps=3", *extra)
+        trainer = Trainer(spec, tmp_path / f"run{weight}")
+        trainer.fit(progress=False)
+        trainer.tower.eval()
+        with torch.no_grad():
+            cos = (trainer.tower.encode([p.a for p in pairs]) * trainer.tower.encode([p.b for p in pairs])).sum(-1)
+        rho[weight] = spearmanr(cos.numpy(), [p.score for p in pairs]).statistic
+        if weight:
+            rows = [json.loads(line) for line in (tmp_path / f"run{weight}/metrics.jsonl").read_text().splitlines()]
+            assert all(r["similarity"] >= 0 for r in rows)
+    assert rho[5] > rho[0] + 0.03
+    (tmp_path / "bad.csv").write_text("just one sentence per line\n")
+    with pytest.raises(UserError, match="objective.similarity_pairs: .*bad.csv has no STS pairs"):
+        Trainer(tiny("paraclip-starter-cpu", shared_data, starter_bundle, "objective.similarity_weight=1",
+                     f"objective.similarity_pairs={tmp_path / 'bad.csv'}"), tmp_path / "bad")
