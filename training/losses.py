@@ -104,9 +104,8 @@ def cosent_loss(a: torch.Tensor, b: torch.Tensor, scores: torch.Tensor, scale: f
     """CoSENT: every two pairs whose gold scores differ are ranked by their cosines, the higher-scored
     pair's cosine above the other's; log(1 + sum over those (i, j) of exp(scale * (cos_j - cos_i)))."""
     cos = (a * b).sum(-1) * scale
-    wrong = cos[None, :] - cos[:, None]  # [i, j] = cos_j - cos_i, counted where score_i > score_j
-    wrong = wrong - (scores[:, None] <= scores[None, :]).to(wrong.dtype) * 1e12
-    return torch.logsumexp(torch.cat([wrong.new_zeros(1), wrong.flatten()]), dim=0)
+    wrong = (cos[None, :] - cos[:, None])[scores[:, None] > scores[None, :]]  # cos_j - cos_i where score_i > score_j
+    return torch.logsumexp(torch.cat([wrong.new_zeros(1), wrong]), dim=0)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import numpy as np
@@ -42,6 +43,7 @@ from paraseek.training.models import AlignmentText, OpenClipText, SentenceText, 
 from paraseek.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -303,6 +305,12 @@ class Trainer:
         os.replace(tmp, self.run_dir / CHECKPOINT)
 
     # -- objective ---------------------------------------------------------------------------
+    def _sample(self, items: list[T], k: int, step: int, stream: int) -> list[T]:
+        """``k`` of ``items`` for this step, without repeats: seeded by (seed, step, stream) so a resumed run
+        draws what the uninterrupted one drew."""
+        rng = np.random.default_rng([self.recipe.train.seed, step, stream])
+        return [items[i] for i in rng.choice(len(items), size=min(k, len(items)), replace=False)]
+
     def loss(self, step: int) -> tuple[torch.Tensor, dict]:
         r, t = self.recipe, self.recipe.train
         o = r.objective
@@ -367,18 +375,14 @@ class Trainer:
             parts["relation"] = float(relation.detach())
             loss = loss + o.relation_weight * relation
         if o.preserve_weight > 0:
-            rng = np.random.default_rng([t.seed, step, 3])
-            pick = rng.choice(len(self.preserved), size=min(o.preserve_per_batch, len(self.preserved)), replace=False)
-            general = [self.preserved[i] for i in pick]
+            general = self._sample(self.preserved, o.preserve_per_batch, step, stream=3)
             with torch.no_grad():
                 kept = self.original.encode(general)
             preserve = anchor_loss(encode(general), kept)
             parts["preserve"] = float(preserve.detach())
             loss = loss + o.preserve_weight * preserve
         if o.similarity_weight > 0:
-            rng = np.random.default_rng([t.seed, step, 4])
-            pick = rng.choice(len(self.similarity), size=min(o.similarity_per_batch, len(self.similarity)), replace=False)
-            chosen = [self.similarity[i] for i in pick]
+            chosen = self._sample(self.similarity, o.similarity_per_batch, step, stream=4)
             scores = torch.tensor([p.score for p in chosen], device=self.device)
             similarity = cosent_loss(encode([p.a for p in chosen]), encode([p.b for p in chosen]), scores)
             parts["similarity"] = float(similarity.detach())
