@@ -53,7 +53,12 @@ class TokenizerSpec(BaseModel):
 
 
 class ImagePreprocess(BaseModel):
-    """How pixels become the image tower's input (resize shortest side, centre crop, normalise)."""
+    """How pixels become the image tower's input (resize shortest side, centre crop, normalise).
+
+    With ``crop_grid`` > 0 the tower sees more than the centre of the whole photo: its input is
+    (views, 3, size, size) per photo, view 0 the whole photo and then ``crop_grid`` x ``crop_grid``
+    overlapping crops (row by row), each ``crop_scale`` of the photo's width and height, every view
+    preprocessed as the whole photo is. The tower's graph decides how the views combine."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -62,6 +67,13 @@ class ImagePreprocess(BaseModel):
     interpolation: Literal["bicubic", "bilinear"] = "bicubic"
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+    crop_grid: int = Field(0, ge=0, le=4, description="crops per side beside the whole photo (0: the whole photo only)")
+    crop_scale: float = Field(0.5, gt=0.0, lt=1.0, description="each crop's share of the photo's width and height")
+
+    @property
+    def views(self) -> int:
+        """Views per photo the image tower takes: 1, or the whole photo and its crops."""
+        return 1 + self.crop_grid**2
 
 
 class AgreementEvaluation(BaseModel):

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import faiss
 import numpy as np
@@ -33,6 +35,8 @@ from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector
 from paraseek.index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -64,6 +68,22 @@ def _decode(encoder: Encoder, root: Path, record: ImageRecord):
         return f"{type(exc).__name__}: {exc}"
 
 
+def decoded_ahead(pool: Executor, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) in input order, computed on ``pool`` at most ``window`` items ahead of the consumer.
+
+    ``Executor.map`` submits every item at once, so a large collection decoded faster than it is
+    encoded would hold every decoded photo in memory (6 MB each with the starter's ten views)."""
+    pending: deque[tuple[T, Future[R]]] = deque()
+    source = iter(items)
+    for item in itertools.islice(source, window):
+        pending.append((item, pool.submit(fn, item)))
+    while pending:
+        item, future = pending.popleft()
+        for following in itertools.islice(source, 1):
+            pending.append((following, pool.submit(fn, following)))
+        yield item, future.result()
+
+
 def embed_records(
     encoder: Encoder,
     root: Path,
@@ -91,8 +111,8 @@ def embed_records(
             pending.clear()
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        # map keeps input order and decodes ahead of the encoder, bounded by the pool's queue
-        for done, (record, result) in enumerate(zip(records, pool.map(lambda r: _decode(encoder, root, r), records)), 1):
+        decoded = decoded_ahead(pool, lambda r: _decode(encoder, root, r), records, window=2 * batch_size)
+        for done, (record, result) in enumerate(decoded, 1):
             if isinstance(result, str):
                 where = f"{record.path}:{record.member}" if record.member else record.path
                 skipped.append({"path": where, "error": result})

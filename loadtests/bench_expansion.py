@@ -1,7 +1,7 @@
 """What query expansion costs per request: the embedded default server (robust starter, demo gallery)
 answering the same distinct captions without expansion, with bank expansion (30 neighbours), and with
 bank expansion below the query's own first answer (``keep_first``, ``keep_within``), and 64 neighbours
-over three or two mean-shift rounds (``rounds``) below the first answer (two: the robust default). Rounds alternate
+over three or two mean-shift rounds (``rounds``) below the first answer (three: the robust default). Rounds alternate
 the configurations so a drift of the machine hits all of them alike; medians over the rounds.
 
     python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3]

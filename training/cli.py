@@ -18,6 +18,7 @@ from paraseek.core.settings import Settings
 from paraseek.evaluation.data import held_out_texts, without_held_out
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
 from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
+from paraseek.training.export.starter_release import CROP_GRID
 from paraseek.training.recipe import list_recipes, load_recipe
 
 models_app = typer.Typer(help="Build, export, quantise and inspect model bundles.", no_args_is_help=True)
@@ -40,6 +41,10 @@ def build_starter_cmd(
                                "(resumable: rerun to continue), instead of using the shipped ones."),
     run_dir: Optional[Path] = typer.Option(None, help="With --train: the run directory (default: $PARASEEK_HOME/runs/robust-starter)."),
     set_: List[str] = typer.Option([], "--set", help="With --train: override a recipe field, e.g. train.epochs=1 (repeatable)."),
+    crop_grid: int = typer.Option(CROP_GRID, min=0, max=4, help="Crops per side the image classifier also sees, each half the "
+                                  "photo's size. 0: the whole photo only, about ten times faster image embedding "
+                                  "(indexing, image queries) for lower recall (plain starter T2I R@10 77.4 against "
+                                  "82.0 with 3 on COCO-mini val); its own image space, starter v2's."),
 ):
     """Build the offline starter dual encoder (MiniLM text + EfficientNet-Lite0 image) as a bundle."""
     if (train or set_ or run_dir) and not robust:
@@ -55,7 +60,7 @@ def build_starter_cmd(
             from paraseek.training.robust import train_robust_layers  # torch
 
             layers = train_robust_layers(settings, run_dir or settings.home / "runs" / "robust-starter", set_)
-    manifest = build_starter(out, int8=int8, tuned_layers=layers)
+    manifest = build_starter(out, int8=int8, tuned_layers=layers, crop_grid=crop_grid)
     console.print(f"{manifest.name} bundle written to {out} (dim {manifest.embedding_dim}, image_space {manifest.image_space})")
 
 

@@ -67,3 +67,53 @@ def test_a_gpu_provider_that_does_not_load_leaves_a_cpu_encoder(bundle_with_fp16
     assert "did not load" in caplog.text
     forced = Encoder(bundle_with_fp16, precision="fp16", load_image=False)  # an explicit precision stays
     assert forced.precision == "fp16" and forced.providers == ["CPUExecutionProvider"]
+
+
+def test_preprocess_with_crops_gives_the_whole_photo_then_its_crops_row_by_row():
+    import numpy as np
+    from PIL import Image
+    from pydantic import ValidationError
+
+    from paraseek.core.bundle import ImagePreprocess
+    from paraseek.core.encoder import preprocess_image
+
+    rng = np.random.default_rng(0)
+    photo = Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8))
+    whole = ImagePreprocess(size=16)
+    spec = ImagePreprocess(size=16, crop_grid=3, crop_scale=0.5)
+    views = preprocess_image(photo, spec)
+    assert spec.views == 10 and views.shape == (10, 3, 16, 16)
+    np.testing.assert_array_equal(views[0], preprocess_image(photo, whole))
+    # 40 x 30 crops whose origins step 0, 20, 40 across and 0, 15, 30 down
+    for i, box in [(1, (0, 0, 40, 30)), (3, (40, 0, 80, 30)), (5, (20, 15, 60, 45)), (9, (40, 30, 80, 60))]:
+        np.testing.assert_array_equal(views[i], preprocess_image(photo.crop(box), whole))
+    assert preprocess_image(photo, ImagePreprocess(size=16, crop_grid=1, crop_scale=0.5)).shape == (2, 3, 16, 16)
+    # a photo a pixel wide still gives every view (a crop is at least one pixel)
+    assert preprocess_image(Image.new("RGB", (1, 1)), spec).shape == (10, 3, 16, 16)
+    for bad in ({"crop_grid": 5}, {"crop_grid": -1}, {"crop_scale": 1.0}, {"crop_scale": 0.0}):
+        with pytest.raises(ValidationError):
+            ImagePreprocess(**bad)
+
+
+def test_a_multi_view_image_tower_runs_a_few_photos_at_a_time(starter_encoder, monkeypatch):
+    """Ten views of many photos in one onnxruntime run would peak near 3 GB: encode_pixels runs at most
+    VIEWS_PER_RUN views at a time, and the vectors are the ones a run per photo gives."""
+    import numpy as np
+
+    views = starter_encoder.manifest.image_preprocess.views
+    assert views == 10
+    pixels = np.random.default_rng(0).standard_normal((4, views, 3, 224, 224)).astype(np.float32)
+    one_by_one = np.concatenate([starter_encoder.encode_pixels(pixels[i : i + 1]) for i in range(4)])
+    session = starter_encoder._image_session
+    runs = []
+
+    class Recording:
+        def run(self, names, feeds):
+            runs.append(feeds["pixel_values"].shape[0])
+            return session.run(names, feeds)
+
+    monkeypatch.setattr(starter_encoder, "_image_session", Recording())
+    monkeypatch.setattr(encoder_module, "VIEWS_PER_RUN", 30)
+    together = starter_encoder.encode_pixels(pixels)
+    assert runs == [3, 1]
+    np.testing.assert_allclose(together, one_by_one, atol=1e-5)

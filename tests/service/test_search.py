@@ -831,7 +831,7 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
 
 
-@pytest.mark.parametrize("starter, n, rounds, within", [("robust", 64, 2, 5), ("plain", 30, 1, 0)])
+@pytest.mark.parametrize("starter, n, rounds, within", [("robust", 64, 3, 7), ("plain", 30, 1, 0)])
 def test_the_embedded_default_expansion_keeps_the_first_answer(starter, n, rounds, within, make_settings, starter_bank):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the
     server applies it when a request names none."""

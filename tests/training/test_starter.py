@@ -92,8 +92,9 @@ def test_shipped_int8_evaluation_is_what_quantize_measures(starter_bundle, share
 
 
 def test_text_to_image_recall_on_coco_mini(starter_encoder, coco_val, shared_data):
-    """159 real COCO val photos, 795 captions. Measured (starter v2, fp32): R@1 27.9, R@5 62.3, R@10 77.4
-    (random ranking R@10 = 6.3). A broken tower falls far below these floors."""
+    """159 real COCO val photos, 795 captions. Measured (starter v3, fp32): R@1 32.6, R@10 82.0; v2,
+    without the crops, 27.9 and 77.4 (random ranking R@10 = 6.3). A broken tower falls far below these
+    floors, and the R@10 floor also fails a tower that no longer sees the crops."""
     data, captions, image_ids = coco_val
     images = [Image.open(shared_data / "coco-mini/val2017" / im["file_name"]) for im in data["images"]]
     gallery = starter_encoder.encode_images(images)
@@ -101,7 +102,7 @@ def test_text_to_image_recall_on_coco_mini(starter_encoder, coco_val, shared_dat
     relevant = [position[i] for i in image_ids]
     sim = starter_encoder.encode_text(captions) @ gallery.T
     r = retrieval_recall(sim, relevant)
-    assert r[1] >= 0.20 and r[5] >= 0.50 and r[10] >= 0.65, r
+    assert r[1] >= 0.20 and r[5] >= 0.50 and r[10] >= 0.79, r
     # negative control: the same scores against shuffled ground truth stay near chance
     rng = np.random.default_rng(0)
     shuffled = retrieval_recall(sim, rng.permutation(relevant))
@@ -131,3 +132,56 @@ def test_image_tower_mixes_the_top_classes_at_the_class_temperature():
     assert sharp[3] == 0 and soft[3] == 0  # the fourth class is outside the top 3
     assert soft[1] / soft[0] > sharp[1] / sharp[0]  # the runner-up weighs more at the higher temperature
     assert torch.allclose(mix(4, 1.0)[:3] / mix(4, 1.0)[0], sharp[:3] / sharp[0], atol=1e-6)  # T only cuts
+
+
+def test_image_tower_adds_a_class_that_only_one_crop_shows():
+    """Given (batch, views, ...) pixels, a class's probability is the mean of the whole photo's (view 0)
+    and its highest over the crops: a class the whole photo ranks last but one crop shows enters the mix."""
+    from torch import nn
+
+    from paraseek.training.export.starter import StarterImageTower
+
+    # view v's pixels are all v, and the classifier answers row v of this table
+    table = torch.tensor([[5.0, 3.0, 0.0, -4.0],   # the whole photo: class 0, then 1; class 3 far behind
+                          [5.0, 3.0, 0.0, -4.0],
+                          [0.0, 0.0, 0.0, 6.0],    # one crop shows class 3
+                          [4.0, 0.0, 1.0, 0.0]])
+
+    class ByView(nn.Module):
+        def forward(self, pixels):
+            return table[pixels[:, 0, 0, 0].long()]
+
+    tower = StarterImageTower(ByView(), torch.eye(4), top_t=2, temperature=1.0)
+    pixels = torch.arange(4.0).reshape(1, 4, 1, 1, 1).expand(1, 4, 3, 2, 2)
+    p = table.softmax(-1)
+    expected = (p[0] + p[1:].amax(0)) / 2
+    assert torch.allclose(tower.class_probabilities(pixels)[0], expected, atol=1e-6)
+    mixed, whole_only = tower(pixels)[0], tower(pixels[:, 0])[0]
+    assert whole_only[3] == 0 and whole_only[1] > 0
+    assert mixed[3] > 0 and mixed[1] == 0 and mixed[2] == 0  # class 3 enters the top 2 and class 1 leaves it
+
+
+def test_a_starter_without_crops_is_starter_v2s_image_side(starter_encoder, torch_towers, coco_val, shared_data, tmp_path):
+    """`build-starter --crop-grid 0` embeds the whole photo only, in v2's image space, and its vectors
+    are the tower's on the whole photo: what the crops add is the difference to the default bundle."""
+    from typer.testing import CliRunner
+
+    from paraseek.cli import app
+
+    r = CliRunner().invoke(app, ["models", "build-starter", "--crop-grid", "0", "--no-int8", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    whole = Encoder(tmp_path / "b")
+    assert whole.image_space == "starter/efficientnet-lite0-imagenet-prompts-top15-t1.35@all-MiniLM-L6-v2"
+    assert whole.image_space != starter_encoder.image_space and whole.manifest.image_preprocess.views == 1
+    files = [im["file_name"] for im in coco_val[0]["images"][:3]]
+    photos = [Image.open(shared_data / "coco-mini/val2017" / f) for f in files]
+    pixels = np.stack([whole.preprocess(p) for p in photos])
+    assert pixels.shape == (3, 3, 224, 224)
+    _, image = torch_towers
+    with torch.no_grad():
+        ref = image(torch.from_numpy(pixels))
+    assert max_abs_diff(ref, whole.encode_images(photos)) <= 1e-4
+    cropped = starter_encoder.encode_images(photos)
+    assert np.all(np.sum(cropped * whole.encode_images(photos), axis=1) < 0.9999)  # the crops change every vector
+    bad = CliRunner().invoke(app, ["models", "build-starter", "--crop-grid", "5", "--out", str(tmp_path / "c")])
+    assert bad.exit_code == 2 and "--crop-grid" in bad.output

@@ -102,7 +102,8 @@ def record_int8_evaluation(bundle_dir: str | Path, evaluation: Int8Evaluation) -
 #   first-down             plain 0.38, robust 1.13                   1033 / 915
 #   first-attention+downs  plain 0.13, robust 0.35                    626 / 675
 # (every down-projection kept: robust 0.63, slower than the last). Over starter v2's image side
-# first-down loses the plain starter 0.50 (R@10), so both starters ship first-attention+downs and record it.
+# first-down loses the plain starter 0.50 (R@10), so both starters ship first-attention+downs and record it;
+# over v3's (with crops) `--keep-fp32 auto` chooses it for both.
 KEEP_FP32 = ("none", "first-down", "first-attention+downs")
 DEFAULT_KEEP_FP32 = "first-attention+downs"
 
