@@ -60,13 +60,15 @@ def test_past_max_in_flight_requests_are_refused_at_once(make_settings, fake_llm
 
 
 def test_a_request_past_its_deadline_is_given_up(make_settings, fake_llm):
-    fake_llm["handler"].delay = 5.0
+    fake_llm["handler"].delay = 20.0
     settings = make_settings(llm_base_url=fake_llm["url"], llm_model="fake", request_timeout_s=1.0)
     with TestClient(create_app(settings)) as c:
         start = time.perf_counter()
         r = c.post("/v1/search", json=SLOW_LLM)
         assert r.status_code == 503 and r.headers["Retry-After"] == "1" and "PARASEEK_REQUEST_TIMEOUT_S" in r.text
-        assert time.perf_counter() - start < 3.0
+        # given up at its 1 s deadline, long before the endpoint answers; the bound leaves room for a
+        # machine busy with other tests (4 s was seen with the other worker encoding photos)
+        assert time.perf_counter() - start < 10.0
         assert _shed(c, "deadline") == 1
 
 
