@@ -99,6 +99,18 @@ def starter_bundle(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def whole_photo_starter_bundle(tmp_path_factory) -> Path:
+    """The starter with the whole-photo image side (`build-starter --crop-grid 0`): the shipped text
+    tower and classifier at one classifier pass per photo instead of ten. The service, index and
+    load-test tests, which index photos many times over and test what happens to vectors rather than
+    their quality, run on it (tests/whole_photo_starter.py names it ``starter_bundle`` there); elsewhere
+    ``starter_bundle`` is the shipped default, crops included."""
+    from paraseek.training.export.starter import build_starter
+
+    return built_once(tmp_path_factory, "starter-whole-photo", lambda out: build_starter(out, int8=True, crop_grid=0))
+
+
+@pytest.fixture(scope="session")
 def starter_encoder(starter_bundle):
     from paraseek.core.encoder import Encoder
 
@@ -107,10 +119,15 @@ def starter_encoder(starter_bundle):
 
 @pytest.fixture(scope="session")
 def starter_bank(starter_encoder, tmp_path_factory):
-    """A small caption bank (the first 400 shipped captions) embedded by the starter."""
+    """A small caption bank embedded by the starter."""
+    return small_caption_bank(starter_encoder, tmp_path_factory)
+
+
+def small_caption_bank(encoder, tmp_path_factory):
+    """A small caption bank (the first 400 shipped captions) embedded by ``encoder``."""
     from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
 
-    return CaptionBank.build(starter_encoder, read_caption_texts(DEFAULT_TEXTS)[:400], tmp_path_factory.mktemp("bank"))
+    return CaptionBank.build(encoder, read_caption_texts(DEFAULT_TEXTS)[:400], tmp_path_factory.mktemp("bank"))
 
 
 @pytest.fixture(scope="session")

