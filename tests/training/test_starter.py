@@ -173,6 +173,7 @@ def test_a_starter_without_crops_is_starter_v2s_image_side(starter_encoder, torc
     whole = Encoder(tmp_path / "b")
     assert whole.image_space == "starter/efficientnet-lite0-imagenet-prompts-top15-t1.35@all-MiniLM-L6-v2"
     assert whole.image_space != starter_encoder.image_space and whole.manifest.image_preprocess.views == 1
+    assert "views" not in whole.manifest.source and "views" in starter_encoder.manifest.source
     files = [im["file_name"] for im in coco_val[0]["images"][:3]]
     photos = [Image.open(shared_data / "coco-mini/val2017" / f) for f in files]
     pixels = np.stack([whole.preprocess(p) for p in photos])
