@@ -148,6 +148,35 @@ def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
     assert served.backend == "milvus" and len(served) == 76
 
 
+def test_the_service_answers_a_photo_with_the_shipped_crops(embedded_home, tmp_path):
+    """The service and index tests run the whole-photo starter (tests/whole_photo_starter.py): here the
+    image route goes through the shipped one, whose photos are ten views each, batched by the service."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.core.demo import GALLERY_DIR
+    from paraseek.core.settings import Settings
+    from paraseek.index.snapshot import Snapshot
+    from paraseek.service.main import create_app
+    from PIL import Image
+
+    built = Settings(home=embedded_home)
+    bundle, snapshot = built.robust_starter_bundle_dir, built.snapshot_root
+    encoder = Encoder(bundle)
+    assert encoder.manifest.image_preprocess.views == 10
+    photos = sorted(GALLERY_DIR.glob("*.jpg"))[:2]
+    settings = Settings(bundle=bundle, snapshot=snapshot, home=tmp_path, precision="fp32", log_json=False)
+    with TestClient(create_app(settings)) as client:
+        for photo in photos:
+            r = client.post("/v1/search/image", files={"image": (photo.name, photo.read_bytes(), "image/jpeg")},
+                            data={"k": "5"})
+            assert r.status_code == 200, r.text
+            results = r.json()["results"]
+            assert results[0]["id"] == int(photo.stem) and results[0]["score"] == pytest.approx(1.0, abs=1e-4)
+            with Image.open(photo) as im:
+                _, expected = Snapshot.load(snapshot).search_ids(encoder.encode_images([im]), 5)
+            assert [hit["id"] for hit in results] == expected[0].tolist()
+
+
 def _older_release_home(embedded_home: Path, tmp_path: Path) -> tuple[Path, Path]:
     """A copy of the built home whose robust starter says an older release built it."""
     import shutil
