@@ -5,7 +5,8 @@ A bank is a folder: ``texts.txt`` (one caption per line), ``vectors.npy`` (float
 text space of one bundle) and ``manifest.json`` naming that bundle and its image space; loading it
 with another bundle is refused. The package ships its default bank's texts (COCO captions of photos
 outside every evaluation set, CC BY 4.0: ``paraphrase/data/ATTRIBUTION.md``); their embeddings are
-computed once per bundle (``build``).
+computed once per bundle (``build``), except where the package ships them for that bundle
+(``SHIPPED_VECTORS``: the robust starter's, so its first start does not spend half a minute on them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ if TYPE_CHECKING:
     from paraseek.core.encoder import Encoder
 
 DEFAULT_TEXTS = Path(__file__).resolve().parent / "data" / "coco_train_captions.tsv.gz"
+# ``{bank folder name}.bank.npy``: the default texts' vectors (float16, as ``build`` writes them) for the
+# bundles the package ships them for (``default_bank``)
+SHIPPED_VECTORS = Path(__file__).resolve().parent / "data"
+# rows that must agree before shipped vectors stand for an encoder's; float16 rounding of a normalised
+# row is below 2.5e-4, while an int8 tower or other weights move them by 1e-2 or more
+SHIPPED_CHECK_ROWS = 32
+SHIPPED_CHECK_ATOL = 1e-3
 FUSIONS = ("mean", "weighted")
 
 
@@ -84,18 +92,23 @@ class CaptionBank:
 
     @classmethod
     def build(cls, encoder: Encoder, texts: list[str], out: str | Path, texts_source: str = "") -> CaptionBank:
+        return cls.write(encoder, texts, encoder.encode_text(texts, batch_size=128), out, texts_source)
+
+    @classmethod
+    def write(cls, encoder: Encoder, texts: list[str], vectors: np.ndarray, out: str | Path,
+              texts_source: str = "") -> CaptionBank:
+        """The bank of ``texts`` whose ``encoder`` vectors are ``vectors``, written to ``out``."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        vectors = encoder.encode_text(texts, batch_size=128)
         manifest = CaptionBankManifest(bundle=encoder.name, bundle_version=encoder.version,
                                        image_space=encoder.image_space, dim=encoder.dim, count=len(texts),
                                        texts_source=texts_source)
         (out / "texts.txt").write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
-        np.save(out / "vectors.npy", vectors.astype(np.float16))
+        np.save(out / "vectors.npy", np.asarray(vectors).astype(np.float16))
         tmp = out / "manifest.json.tmp"
         tmp.write_text(manifest.model_dump_json(indent=2))
         os.replace(tmp, out / "manifest.json")  # written last: a bank without it is incomplete
-        return cls(out, manifest, texts, vectors.astype(np.float32))
+        return cls(out, manifest, texts, np.asarray(vectors).astype(np.float16).astype(np.float32))
 
     @classmethod
     def in_memory(cls, texts: list[str], vectors: np.ndarray, source: str = "in memory") -> CaptionBank:
@@ -162,15 +175,40 @@ class CaptionBank:
         return [self.texts[int(r)] for r in rows]
 
 
+def bank_name(bundle: BundleManifest) -> str:
+    """The default bank's folder name for a bundle (name and version, safe as a file name)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{bundle.name}-v{bundle.version}")
+
+
 def bank_dir(home: Path, bundle: BundleManifest) -> Path:
     """Where the default bank for a bundle lives under PARASEEK_HOME."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{bundle.name}-v{bundle.version}")
-    return Path(home) / "caption-banks" / safe
+    return Path(home) / "caption-banks" / bank_name(bundle)
+
+
+def shipped_vectors(encoder: Encoder, texts: list[str]) -> np.ndarray | None:
+    """The package's vectors of the default ``texts`` for ``encoder``'s bundle, where it ships them and
+    ``encoder`` embeds the first ``SHIPPED_CHECK_ROWS`` texts as they say (the same weights at the same
+    precision, up to float16 rounding); otherwise None."""
+    path = SHIPPED_VECTORS / f"{bank_name(encoder.manifest)}.bank.npy"
+    if not path.is_file():
+        return None
+    vectors = np.load(path)
+    if vectors.shape != (len(texts), encoder.dim):
+        return None
+    check = encoder.encode_text(texts[:SHIPPED_CHECK_ROWS])
+    if not np.allclose(check, vectors[:SHIPPED_CHECK_ROWS].astype(np.float32), atol=SHIPPED_CHECK_ATOL):
+        return None
+    return vectors
 
 
 def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
-    """The shipped captions embedded by ``encoder``, built on first use (about a minute on 2 cores)."""
+    """The shipped captions embedded by ``encoder``: on first use, the package's vectors where it ships
+    them for this bundle (``shipped_vectors``), else embedded here (about half a minute on 2 cores)."""
     path = bank_dir(home, encoder.manifest)
     if (path / "manifest.json").is_file():
         return CaptionBank.load(path, encoder)
-    return CaptionBank.build(encoder, read_caption_texts(DEFAULT_TEXTS), path, texts_source=DEFAULT_TEXTS.name)
+    texts = read_caption_texts(DEFAULT_TEXTS)
+    vectors = shipped_vectors(encoder, texts)
+    if vectors is None:
+        return CaptionBank.build(encoder, texts, path, texts_source=DEFAULT_TEXTS.name)
+    return CaptionBank.write(encoder, texts, vectors, path, texts_source=DEFAULT_TEXTS.name)

@@ -132,3 +132,65 @@ def test_mean_shift_rounds_bring_rephrasings_together(starter_bank, starter_enco
         assert np.max(np.abs(ea - previous)) > 1e-3  # this round moved the queries again
         previous = ea
     assert min(closeness[1:]) > closeness[0] + 0.05, closeness
+
+
+@pytest.fixture()
+def small_default_texts(tmp_path, monkeypatch):
+    """The default texts cut to 40 captions, and a folder of shipped vectors of the test's own."""
+    from paraseek.paraphrase import caption_bank
+
+    texts = read_caption_texts(DEFAULT_TEXTS)[:40]
+    path = tmp_path / "captions.txt"
+    path.write_text("\n".join(texts) + "\n")
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(caption_bank, "DEFAULT_TEXTS", path)
+    monkeypatch.setattr(caption_bank, "SHIPPED_VECTORS", shipped)
+    return texts, shipped
+
+
+def _counting(encoder, monkeypatch) -> list[int]:
+    """How many texts each ``encoder.encode_text`` call embeds."""
+    calls: list[int] = []
+    real = type(encoder).encode_text
+
+    def encode_text(self, texts, batch_size=64):
+        calls.append(len(texts))
+        return real(self, texts, batch_size)
+
+    monkeypatch.setattr(type(encoder), "encode_text", encode_text)
+    return calls
+
+
+def test_default_bank_takes_shipped_vectors_only_where_the_encoder_agrees(starter_encoder, small_default_texts,
+                                                                       tmp_path, monkeypatch):
+    from paraseek.core.encoder import Encoder
+    from paraseek.paraphrase.caption_bank import SHIPPED_CHECK_ROWS, bank_name, default_bank
+
+    texts, shipped = small_default_texts
+    fp32 = starter_encoder.encode_text(texts)
+    file = shipped / f"{bank_name(starter_encoder.manifest)}.bank.npy"
+    calls = _counting(starter_encoder, monkeypatch)
+
+    np.save(file, fp32.astype(np.float16))  # what `build` writes for this encoder
+    bank = default_bank(tmp_path / "home-a", starter_encoder)
+    assert calls == [SHIPPED_CHECK_ROWS]  # the check only: the rest is the shipped rows
+    loaded = CaptionBank.load(bank.path, starter_encoder)
+    assert loaded.texts == texts and loaded.manifest.texts_source == "captions.txt"
+    np.testing.assert_array_equal(loaded.vectors, np.load(file).astype(np.float32))
+    np.testing.assert_array_equal(bank.vectors, loaded.vectors)  # in memory as on disk
+
+    # the int8 tower's vectors do not stand for the fp32 tower's: the bank is embedded here
+    int8 = Encoder(starter_encoder.path, load_image=False, precision="int8").encode_text(texts)
+    assert np.abs(int8 - fp32).max() > 1e-3
+    np.save(file, int8.astype(np.float16))
+    calls.clear()
+    rebuilt = default_bank(tmp_path / "home-b", starter_encoder)
+    assert calls == [SHIPPED_CHECK_ROWS, len(texts)]
+    np.testing.assert_allclose(rebuilt.vectors, fp32, atol=5e-4)
+
+    # vectors of other texts (another count) are not looked at
+    np.save(file, fp32[:-1].astype(np.float16))
+    calls.clear()
+    default_bank(tmp_path / "home-c", starter_encoder)
+    assert calls == [len(texts)]
