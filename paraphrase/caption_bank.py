@@ -104,11 +104,12 @@ class CaptionBank:
                                        image_space=encoder.image_space, dim=encoder.dim, count=len(texts),
                                        texts_source=texts_source)
         (out / "texts.txt").write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
-        np.save(out / "vectors.npy", np.asarray(vectors).astype(np.float16))
+        half = np.asarray(vectors, dtype=np.float16)
+        np.save(out / "vectors.npy", half)
         tmp = out / "manifest.json.tmp"
         tmp.write_text(manifest.model_dump_json(indent=2))
         os.replace(tmp, out / "manifest.json")  # written last: a bank without it is incomplete
-        return cls(out, manifest, texts, np.asarray(vectors).astype(np.float16).astype(np.float32))
+        return cls(out, manifest, texts, half.astype(np.float32))
 
     @classmethod
     def in_memory(cls, texts: list[str], vectors: np.ndarray, source: str = "in memory") -> CaptionBank:
@@ -185,11 +186,16 @@ def bank_dir(home: Path, bundle: BundleManifest) -> Path:
     return Path(home) / "caption-banks" / bank_name(bundle)
 
 
+def shipped_vectors_path(bundle: BundleManifest) -> Path:
+    """Where the package ships a bundle's default-bank vectors, if it does."""
+    return SHIPPED_VECTORS / f"{bank_name(bundle)}.bank.npy"
+
+
 def shipped_vectors(encoder: Encoder, texts: list[str]) -> np.ndarray | None:
     """The package's vectors of the default ``texts`` for ``encoder``'s bundle, where it ships them and
     ``encoder`` embeds the first ``SHIPPED_CHECK_ROWS`` texts as they say (the same weights at the same
     precision, up to float16 rounding); otherwise None."""
-    path = SHIPPED_VECTORS / f"{bank_name(encoder.manifest)}.bank.npy"
+    path = shipped_vectors_path(encoder.manifest)
     if not path.is_file():
         return None
     vectors = np.load(path)

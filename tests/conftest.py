@@ -123,6 +123,21 @@ def starter_bank(starter_encoder, tmp_path_factory):
     return small_caption_bank(starter_encoder, tmp_path_factory)
 
 
+def counting_encode_text(monkeypatch) -> list[int]:
+    """How many texts each ``Encoder.encode_text`` call embeds, from here to the test's end."""
+    from paraseek.core.encoder import Encoder
+
+    calls: list[int] = []
+    real = Encoder.encode_text
+
+    def encode_text(self, texts, batch_size=64):
+        calls.append(len(texts))
+        return real(self, texts, batch_size)
+
+    monkeypatch.setattr(Encoder, "encode_text", encode_text)
+    return calls
+
+
 def small_caption_bank(encoder, tmp_path_factory):
     """A small caption bank (the first 400 shipped captions) embedded by ``encoder``."""
     from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts

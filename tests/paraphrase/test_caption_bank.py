@@ -7,6 +7,7 @@ import pytest
 
 from paraseek.core.query_vectors import mean_fusion
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, CaptionBankError, read_caption_texts
+from tests.conftest import counting_encode_text
 
 
 class FakeEncoder:
@@ -149,28 +150,16 @@ def small_default_texts(tmp_path, monkeypatch):
     return texts, shipped
 
 
-def _counting(encoder, monkeypatch) -> list[int]:
-    """How many texts each ``encoder.encode_text`` call embeds."""
-    calls: list[int] = []
-    real = type(encoder).encode_text
-
-    def encode_text(self, texts, batch_size=64):
-        calls.append(len(texts))
-        return real(self, texts, batch_size)
-
-    monkeypatch.setattr(type(encoder), "encode_text", encode_text)
-    return calls
-
-
 def test_default_bank_takes_shipped_vectors_only_where_the_encoder_agrees(starter_encoder, small_default_texts,
                                                                        tmp_path, monkeypatch):
     from paraseek.core.encoder import Encoder
-    from paraseek.paraphrase.caption_bank import SHIPPED_CHECK_ROWS, bank_name, default_bank
+    from paraseek.paraphrase.caption_bank import SHIPPED_CHECK_ROWS, default_bank, shipped_vectors_path
 
     texts, shipped = small_default_texts
     fp32 = starter_encoder.encode_text(texts)
-    file = shipped / f"{bank_name(starter_encoder.manifest)}.bank.npy"
-    calls = _counting(starter_encoder, monkeypatch)
+    file = shipped_vectors_path(starter_encoder.manifest)
+    assert file.parent == shipped
+    calls = counting_encode_text(monkeypatch)
 
     np.save(file, fp32.astype(np.float16))  # what `build` writes for this encoder
     bank = default_bank(tmp_path / "home-a", starter_encoder)

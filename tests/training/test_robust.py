@@ -183,20 +183,19 @@ def test_the_shipped_bank_vectors_are_what_the_robust_starter_embeds(embedded_ho
     ships new ones (`paraseek models build-bank --bundle $PARASEEK_HOME/bundles/starter-robust --out B`,
     then B/vectors.npy as paraphrase/data/<bank folder name>.bank.npy)."""
     from paraseek.core.settings import Settings
-    from paraseek.paraphrase.caption_bank import (DEFAULT_TEXTS, SHIPPED_CHECK_ATOL, SHIPPED_VECTORS, bank_name,
-                                                  default_bank, read_caption_texts)
+    from paraseek.paraphrase.caption_bank import (DEFAULT_TEXTS, SHIPPED_CHECK_ATOL, default_bank, read_caption_texts,
+                                                  shipped_vectors_path)
+    from tests.conftest import counting_encode_text
 
     encoder = Encoder(Settings(home=embedded_home).robust_starter_bundle_dir, load_image=False)
-    path = SHIPPED_VECTORS / f"{bank_name(encoder.manifest)}.bank.npy"
+    path = shipped_vectors_path(encoder.manifest)
     assert path.is_file(), f"no shipped bank vectors for {encoder.name} v{encoder.version} ({path.name})"
     texts, shipped = read_caption_texts(DEFAULT_TEXTS), np.load(path)
     assert shipped.shape == (len(texts), encoder.dim) and shipped.dtype == np.float16
     rows = np.random.default_rng(0).choice(len(texts), 256, replace=False)
     np.testing.assert_allclose(encoder.encode_text([texts[i] for i in rows]), shipped[rows].astype(np.float32),
                                atol=SHIPPED_CHECK_ATOL)
-    embedded: list[int] = []
-    real = Encoder.encode_text
-    monkeypatch.setattr(Encoder, "encode_text", lambda self, t, batch_size=64: embedded.append(len(t)) or real(self, t, batch_size))
+    embedded = counting_encode_text(monkeypatch)
     bank = default_bank(tmp_path, encoder)
     assert bank.manifest.count == len(texts) and sum(embedded) < 100  # the check rows, not 18K captions
 
