@@ -7,6 +7,8 @@ with another bundle is refused. The package ships its default bank's texts (COCO
 outside every evaluation set, CC BY 4.0: ``paraphrase/data/ATTRIBUTION.md``); their embeddings are
 computed once per bundle (``build``), except where the package ships them for that bundle
 (``SHIPPED_VECTORS``: the robust starter's, so its first start does not spend half a minute on them).
+A bank may also hold a query head (``head.npz``, ``paraseek.paraphrase.query_head``) trained on its
+vectors; rewriting the vectors removes it, and the package ships one with the robust starter's vectors.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from paraseek.core.bundle import BundleManifest
 from paraseek.core.errors import UserError
 from paraseek.core.query_vectors import mean_fusion, weighted_fusion
+from paraseek.paraphrase.query_head import HEAD_FILE, QueryHead
 
 if TYPE_CHECKING:
     from paraseek.core.encoder import Encoder
@@ -89,6 +92,7 @@ class CaptionBank:
     manifest: CaptionBankManifest
     texts: list[str]
     vectors: np.ndarray  # (N, D) float32, normalised
+    head: QueryHead | None = None  # trained on these vectors (``head.npz``), where one was
 
     @classmethod
     def build(cls, encoder: Encoder, texts: list[str], out: str | Path, texts_source: str = "") -> CaptionBank:
@@ -100,6 +104,7 @@ class CaptionBank:
         """The bank of ``texts`` whose ``encoder`` vectors are ``vectors``, written to ``out``."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        (out / HEAD_FILE).unlink(missing_ok=True)  # trained on the vectors being replaced
         manifest = CaptionBankManifest(bundle=encoder.name, bundle_version=encoder.version,
                                        image_space=encoder.image_space, dim=encoder.dim, count=len(texts),
                                        texts_source=texts_source)
@@ -132,7 +137,17 @@ class CaptionBank:
         vectors = np.load(path / "vectors.npy").astype(np.float32)
         if vectors.shape != (manifest.count, manifest.dim) or len(texts) != manifest.count:
             raise CaptionBankError(f"caption bank {path}: texts, vectors and manifest disagree on the size")
-        return cls(path, manifest, texts, vectors)
+        head = QueryHead.read(path) if (path / HEAD_FILE).is_file() else None
+        if head is not None and head.dim != manifest.dim:
+            raise CaptionBankError(f"caption bank {path}: its query head takes {head.dim} dimensions, the bank has {manifest.dim}")
+        return cls(path, manifest, texts, vectors, head)
+
+    def with_head(self, head: QueryHead) -> CaptionBank:
+        """This bank with ``head`` written into its folder."""
+        if head.dim != self.manifest.dim:
+            raise CaptionBankError(f"a query head of {head.dim} dimensions does not fit a bank of {self.manifest.dim}")
+        head.write(self.path)
+        return CaptionBank(self.path, self.manifest, self.texts, self.vectors, head)
 
     @classmethod
     def load(cls, path: str | Path, encoder: Encoder) -> CaptionBank:
@@ -191,6 +206,11 @@ def shipped_vectors_path(bundle: BundleManifest) -> Path:
     return SHIPPED_VECTORS / f"{bank_name(bundle)}.bank.npy"
 
 
+def shipped_head_path(bundle: BundleManifest) -> Path:
+    """Where the package ships the query head trained on a bundle's shipped default-bank vectors."""
+    return SHIPPED_VECTORS / f"{bank_name(bundle)}.{HEAD_FILE}"
+
+
 def shipped_vectors(encoder: Encoder, texts: list[str]) -> np.ndarray | None:
     """The package's vectors of the default ``texts`` for ``encoder``'s bundle, where it ships them and
     ``encoder`` embeds the first ``SHIPPED_CHECK_ROWS`` texts as they say (the same weights at the same
@@ -212,9 +232,23 @@ def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
     them for this bundle (``shipped_vectors``), else embedded here (about half a minute on 2 cores)."""
     path = bank_dir(home, encoder.manifest)
     if (path / "manifest.json").is_file():
-        return CaptionBank.load(path, encoder)
+        return with_shipped_head(CaptionBank.load(path, encoder), encoder)
     texts = read_caption_texts(DEFAULT_TEXTS)
     vectors = shipped_vectors(encoder, texts)
     if vectors is None:
         return CaptionBank.build(encoder, texts, path, texts_source=DEFAULT_TEXTS.name)
-    return CaptionBank.write(encoder, texts, vectors, path, texts_source=DEFAULT_TEXTS.name)
+    return with_shipped_head(CaptionBank.write(encoder, texts, vectors, path, texts_source=DEFAULT_TEXTS.name), encoder)
+
+
+def with_shipped_head(bank: CaptionBank, encoder: Encoder) -> CaptionBank:
+    """``bank`` with the package's query head for its bundle added, where the bank lacks one and holds the
+    shipped vectors the head was trained on (a default bank written before the head shipped gets it too)."""
+    head, vectors = shipped_head_path(encoder.manifest), shipped_vectors_path(encoder.manifest)
+    if bank.head is not None or not head.is_file() or not vectors.is_file():
+        return bank
+    shipped = np.load(vectors, mmap_mode="r")
+    rows = min(SHIPPED_CHECK_ROWS, len(bank.vectors))
+    if shipped.shape != bank.vectors.shape or not np.allclose(
+            bank.vectors[:rows], np.asarray(shipped[:rows], np.float32), atol=SHIPPED_CHECK_ATOL):
+        return bank
+    return bank.with_head(QueryHead.read(head))

@@ -29,6 +29,8 @@ from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
+from paraseek.paraphrase.caption_bank import CaptionBankError
+from paraseek.paraphrase.expansions import EXPANSIONS
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, RecentPeak, encode_texts, search_rows
 from paraseek.service.cache import Cache, params_key
 from paraseek.service.embedding import cached_texts
@@ -187,11 +189,12 @@ class SearchEngine:
         except RequestError:
             pass  # not installed: requests that ask for it get a 400
         active = self.active
-        if active is not None and self.default_expansion is not None and self.default_expansion.method == "bank":
+        default = EXPANSIONS.get(self.default_expansion.method) if self.default_expansion is not None else None
+        if active is not None and default is not None and default.uses_bank:
             try:
                 self.expansion_sources.caption_bank(active)
             except RequestError as exc:
-                log.warning("default expansion 'bank' unavailable: %s", exc)
+                log.warning("default expansion %r unavailable: %s", default.name, exc)
         freeze_long_lived()  # what is loaded by now lives as long as the service (or until a swap)
 
     async def stop(self) -> None:
@@ -448,8 +451,11 @@ class SearchEngine:
                 # report measures what is served
                 expected.release()  # its own index lookup goes first: nothing may wait for this request meanwhile
                 lookups = BatchedLookups(self.expansion_sources, active, view, self.index_batcher)
-                batch, neighbour_texts = await method.expand(np.vstack([vectors.query[None], vectors.paraphrases]),
-                                                             req.expansion.params(), lookups)
+                try:
+                    batch, neighbour_texts = await method.expand(np.vstack([vectors.query[None], vectors.paraphrases]),
+                                                                 req.expansion.params(), lookups)
+                except CaptionBankError as exc:  # e.g. a bank without the head the request names
+                    raise RequestError("expansion.method", str(exc), status=400) from exc
                 expanded, vectors.plain_paraphrases, vectors.paraphrases = batch[0], vectors.paraphrases, batch[1:]
             t_enc = time.perf_counter()
             rows = plan_rows(req, vectors, expanded, compare_expanded=expanded is not None)

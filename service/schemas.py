@@ -71,6 +71,7 @@ def _paraphrase_method(name: str) -> str:
 class Expansion(StrictModel):
     method: Annotated[str, AfterValidator(_expansion_method)] = Field(
         description="text rewrites (wordnet, ppdb, generator, llm); bank: nearest captions of the caption bank; "
+        "head: the caption bank's query head (its mean shift learnt; no lookup), then `rounds` bank rounds; "
         "prf: pseudo-relevance feedback from the top images (Rocchio); none: no expansion, even when the "
         "server applies one by default", json_schema_extra=_enum_of(lambda: [*EXPANSIONS, "none"]))
     n: StrictInt = Field(3, ge=1, le=64, description="text rewrites (at most 16), or bank neighbours")
@@ -83,9 +84,10 @@ class Expansion(StrictModel):
     m: StrictInt = Field(5, ge=1, le=100, description="prf: how many top images feed back")
     alpha: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the query")
     beta: Annotated[float, Strict()] = Field(1.0, ge=0, le=10, description="prf: weight of the mean of the top images")
-    rounds: StrictInt = Field(
-        1, ge=1, le=4, description="bank: how many times the query moves to the mean of its neighbours; each round "
-        "looks up the moved query's neighbours (a mean shift: rephrasings end nearer each other)")
+    rounds: StrictInt | None = Field(
+        None, ge=0, le=4, description="bank: how many times the query moves to the mean of its neighbours (default 1); "
+        "each round looks up the moved query's neighbours (a mean shift: rephrasings end nearer each other); head: "
+        "the bank rounds after the head (default 0: no lookup)")
     keep_first: StrictInt = Field(
         0, ge=0, le=10, description="the unexpanded query's first results that stay first; the expansion orders the "
         "rest (expansion steadies the list under rephrasing and blurs the first answer: keep_first 1 keeps both)")
@@ -109,8 +111,9 @@ class Expansion(StrictModel):
         return self
 
     def params(self) -> ExpansionParams:
+        rounds = self.rounds if self.rounds is not None else expansion_method(self.method).default_rounds
         return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta,
-                               rounds=self.rounds)
+                               rounds=rounds)
 
 
 class Consistency(StrictModel):

@@ -88,5 +88,5 @@ def test_the_registry_refuses_a_taken_name_and_names_the_methods():
 
     with pytest.raises(ValueError, match="exists"):
         register(BankExpansion())
-    with pytest.raises(ValueError, match="bank, wordnet, ppdb, prf"):
+    with pytest.raises(ValueError, match="bank, head, wordnet, ppdb, prf"):
         expansion_method("thesaurus")

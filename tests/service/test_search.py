@@ -438,6 +438,48 @@ def test_bank_rounds_move_the_moved_query_again(make_settings, starter_bank, dir
             assert r.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
 
 
+def test_head_expansion_moves_the_query_by_the_banks_head_then_its_rounds(make_settings, starter_bank, direct, tmp_path):
+    """method head: the bank's query head on the query, then ``rounds`` bank rounds (0: no lookup, no
+    expansions shown); a bank without a head is a 400 naming expansion.method."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from paraseek.paraphrase.caption_bank import CaptionBank
+    from paraseek.service.main import create_app
+    from tests.paraphrase.test_query_head import random_head
+
+    enc, snap = direct
+    shutil.copytree(starter_bank.path, tmp_path / "bank")
+    bank = CaptionBank.read(tmp_path / "bank")
+    with TestClient(create_app(make_settings(caption_bank=bank.path))) as c:
+        r = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "head", "rounds": 0}})
+        assert r.status_code == 400 and r.json()["detail"][0]["loc"] == ["body", "expansion", "method"]
+        assert "train-head" in r.json()["detail"][0]["msg"]
+    head = random_head(dim=bank.manifest.dim, hidden=16, scale=0.1)
+    bank = bank.with_head(head)
+    q = enc.encode_text(["a dog on a beach"])[0]
+    with TestClient(create_app(make_settings(caption_bank=bank.path))) as c:
+        r = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "head"}})
+        assert r.status_code == 200, r.text  # rounds: head's default, 0
+        _, ids = snap.search_ids(head(q)[None], 10)
+        assert [x["id"] for x in r.json()["results"]] == ids[0].tolist() and "expansions" not in r.json()
+        same = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "head", "rounds": 0}})
+        assert same.json()["results"] == r.json()["results"]
+        r = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10,
+                                       "expansion": {"method": "head", "rounds": 1, "n": 7, "keep_first": 1}})
+        assert r.status_code == 200, r.text
+        top = np.argsort(-(bank.vectors @ head(q)))[:7]
+        moved = (head(q) + bank.vectors[top].sum(axis=0)) / 8
+        _, expanded = snap.search_ids((moved / np.linalg.norm(moved))[None], 11)
+        _, plain = snap.search_ids(q[None], 1)
+        first = int(plain[0][0])
+        assert [x["id"] for x in r.json()["results"]] == [first] + [int(i) for i in expanded[0] if i != first][:9]
+        assert r.json()["expansions"] == [bank.texts[i] for i in top]
+        bad = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "head", "rounds": 5}})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
+
+
 def test_prf_equals_the_hand_computation(client, direct):
     enc, snap = direct
     r = client.post("/v1/search", json={"query": "a red bus", "k": 10,
