@@ -45,6 +45,9 @@ def test_wheel_holds_every_module_and_data_file_of_the_folders(wheel):
                  "paraphrase/data/ATTRIBUTION.md", "loadtests/grafana/paraseek-dashboard.json", "index/data/exact_scan.onnx",
                  "index/data/int8_products.onnx"):
         assert f"paraseek/{data}" in names, data
+    # every shipped bank file (texts, vectors, query heads): the embedded default's first start reads them
+    shipped = [f for f in tracked if f.startswith("paraphrase/data/")]
+    assert any(f.endswith(".head.npz") for f in shipped) and [f for f in shipped if f"paraseek/{f}" not in names] == []
     assert sum(n.startswith("paraseek/core/demo/gallery/") and n.endswith(".jpg") for n in names) == 76
 
 

@@ -17,6 +17,7 @@ from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.evaluation.data import held_out_texts, without_held_out
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
+from paraseek.paraphrase.query_head import HEAD_FILE, HeadTraining
 from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
 from paraseek.training.export.starter_release import CROP_GRID
 from paraseek.training.recipe import list_recipes, load_recipe
@@ -223,6 +224,36 @@ def build_bank_cmd(
     target = out or bank_dir(settings.home, encoder.manifest)
     bank = CaptionBank.build(encoder, texts, target, texts_source=(captions or DEFAULT_TEXTS).name)
     console.print(f"caption bank: {bank.manifest.count} captions embedded by {encoder.name} v{encoder.version} in {target}")
+
+
+@models_app.command("train-head")
+@user_errors
+def train_head_cmd(
+    bundle: Optional[Path] = typer.Option(None, help="Bundle the bank was embedded by (default: the configured one)."),
+    bank: Optional[Path] = typer.Option(None, help="Bank folder (default: the bundle's bank under $PARASEEK_HOME)."),
+    neighbours: int = typer.Option(HeadTraining.neighbours, min=1, help="The mean shift to learn: neighbours a round."),
+    rounds: int = typer.Option(HeadTraining.rounds, min=1, help="The mean shift to learn: rounds."),
+    hidden: int = typer.Option(HeadTraining.hidden, min=1, help="Width of the head's hidden layers."),
+    layers: int = typer.Option(HeadTraining.layers, min=1, help="Hidden layers."),
+    steps: int = typer.Option(HeadTraining.steps, min=1, help="Optimiser steps (batches of 512 captions)."),
+    seed: int = typer.Option(HeadTraining.seed),
+):
+    """Train the caption bank's query head (expansion method 'head'): its mean shift learnt as a function of
+    the query, so the served expansion needs fewer bank lookups, or none. Written into the bank's folder."""
+    from paraseek.training.query_head import train_query_head  # torch
+
+    settings = Settings()
+    encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
+    path = bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest)
+    if not (path / "manifest.json").is_file():
+        raise UserError(f"--bank: no caption bank in {path}: build one with `paraseek models build-bank`")
+    loaded = CaptionBank.load(path, encoder)
+    cfg = HeadTraining(neighbours=neighbours, rounds=rounds, hidden=hidden, layers=layers, steps=steps, seed=seed)
+    head = train_query_head(loaded.vectors, cfg, progress=lambda step, loss: console.print(f"step {step}: loss {loss:.4f}"))
+    loaded.with_head(head)
+    c = head.config
+    console.print(f"query head written to {path / HEAD_FILE}: held-out cosine distance to the mean shift "
+                  f"{c['held_out_identity_loss']:.4f} (the query itself) -> {c['held_out_loss']:.4f}, {c['train_s']:.0f} s")
 
 
 @models_app.command("embed-images")

@@ -19,7 +19,8 @@ from paraseek.index.builder import copy_snapshot
 from paraseek.index.demo import build_demo_snapshot
 from paraseek.index.snapshot import Snapshot, current_version
 from paraseek.index.backends import store_from_settings
-from paraseek.paraphrase.caption_bank import bank_dir, default_bank
+from paraseek.paraphrase.caption_bank import bank_dir, default_bank, shipped_head_path
+from paraseek.paraphrase.query_head import HEAD_FILE
 from paraseek.training.export.starter_release import ROBUST_NAME, STARTER_NAME, STARTER_VERSION
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,11 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
         half_text_tower(bundle, demo_captions())
     # load the encoder only when something must be built: a warm start just checks files
     need_snapshot = rebuild or current_version(snap_root) is None
-    bank = bank_dir(settings.home, read_manifest(bundle, verify=False))
-    need_bank = with_bank and (rebuild or not (bank / "manifest.json").is_file())
+    manifest = read_manifest(bundle, verify=False)
+    bank = bank_dir(settings.home, manifest)
+    # a bank written before the package shipped its query head gets the head on the next start
+    need_bank = with_bank and (rebuild or not (bank / "manifest.json").is_file()
+                               or (shipped_head_path(manifest).is_file() and not (bank / HEAD_FILE).is_file()))
     if need_snapshot or need_bank:
         encoder = Encoder(bundle, load_image=need_snapshot)
         if need_snapshot:

@@ -1,0 +1,116 @@
+"""Training a caption bank's query head (``paraseek.paraphrase.query_head``): the bank's mean shift of a
+query (``rounds`` moves to the mean of its ``neighbours`` nearest bank captions), learnt as a function of
+the query so that serving needs no lookup.
+
+The training inputs are the bank's own vectors (captions are what queries look like), each one's target
+its mean shift through the bank with itself left out of its neighbours at every round: a query is never
+in the bank, and a caption that finds itself first would teach the head to stay put. The head is
+residual, ``normalise(q + MLP(q))``, its last layer starting at zero (the head starts as the identity),
+and the loss is the mean cosine distance to the targets. 2 % of the rows are held out to report the
+fit on captions the head never saw.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from typing import Callable
+
+import numpy as np
+
+import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
+import torch
+
+from paraseek.core.encoder import l2_normalize
+from paraseek.core.query_vectors import mean_fusion
+from paraseek.paraphrase.query_head import HeadTraining, QueryHead
+
+log = logging.getLogger(__name__)
+
+
+def mean_shift_targets(vectors: np.ndarray, neighbours: int, rounds: int, rows: np.ndarray | None = None,
+                       block: int = 2048) -> np.ndarray:
+    """Each row of ``vectors`` (normalised; or only ``rows`` of them) moved ``rounds`` times to the mean of
+    itself and its ``neighbours`` nearest other rows; the row itself never counts as its own neighbour."""
+    vectors = np.asarray(vectors, np.float32)
+    n = min(neighbours, len(vectors) - 1)
+    if n < 1:
+        raise ValueError("a mean shift through the bank needs at least two captions")
+    which = np.arange(len(vectors)) if rows is None else np.asarray(rows)
+    out = np.empty((len(which), vectors.shape[1]), np.float32)
+    for start in range(0, len(which), block):
+        own = which[start:start + block]
+        moved = vectors[own]
+        for _ in range(rounds):
+            sims = moved @ vectors.T
+            sims[np.arange(len(moved)), own] = -np.inf
+            nearest = np.argpartition(-sims, n - 1, axis=1)[:, :n]
+            moved = mean_fusion(moved, vectors[nearest])
+        out[start:start + len(moved)] = moved
+    return l2_normalize(out)
+
+
+def held_out_split(rows: int, cfg: HeadTraining) -> tuple[np.ndarray, np.ndarray]:
+    """(held-out rows, training rows) of a bank of ``rows`` captions, as ``train_query_head`` splits them."""
+    order = np.random.default_rng(cfg.seed).permutation(rows)
+    held = int(rows * cfg.held_out)
+    return order[:held], order[held:]
+
+
+def _mlp(dim: int, cfg: HeadTraining) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    width = dim
+    for _ in range(cfg.layers):
+        layers += [torch.nn.Linear(width, cfg.hidden), torch.nn.GELU(approximate="tanh")]
+        width = cfg.hidden
+    last = torch.nn.Linear(width, dim)
+    torch.nn.init.zeros_(last.weight)  # the head starts as the identity
+    torch.nn.init.zeros_(last.bias)
+    return torch.nn.Sequential(*layers, last)
+
+
+def _cosine_distance(mlp: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    moved = torch.nn.functional.normalize(x + mlp(x), dim=-1)
+    return (1 - (moved * target).sum(-1)).mean()
+
+
+def train_query_head(vectors: np.ndarray, cfg: HeadTraining = HeadTraining(),
+                     progress: Callable[[int, float], None] | None = None) -> QueryHead:
+    """A head trained to output the mean shift of ``vectors`` (a bank's, normalised) through themselves."""
+    started = time.perf_counter()
+    vectors = np.asarray(vectors, np.float32)
+    targets = mean_shift_targets(vectors, cfg.neighbours, cfg.rounds)
+    held, train = held_out_split(len(vectors), cfg)
+    torch.manual_seed(cfg.seed)
+    x, t = torch.from_numpy(vectors), torch.from_numpy(targets)
+    mlp = _mlp(vectors.shape[1], cfg)
+    opt = torch.optim.AdamW(mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
+    train_rows = torch.from_numpy(train)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    first_loss = loss_value = 0.0
+    for step in range(cfg.steps):
+        batch = train_rows[torch.randint(0, len(train_rows), (cfg.batch,), generator=generator)]
+        loss = _cosine_distance(mlp, x[batch], t[batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        loss_value = loss.item()
+        first_loss = first_loss or loss_value
+        if progress is not None and (step + 1) % 500 == 0:
+            progress(step + 1, loss_value)
+    mlp.eval()
+    with torch.no_grad():
+        held_loss = float(_cosine_distance(mlp, x[held], t[held])) if len(held) else None
+        start_loss = float((1 - (x[held] * t[held]).sum(-1)).mean()) if len(held) else None
+    linears = [m for m in mlp if isinstance(m, torch.nn.Linear)]
+    config = asdict(cfg) | {
+        "bank_rows": len(vectors), "first_loss": round(first_loss, 5), "last_loss": round(loss_value, 5),
+        # the held-out captions' cosine distance to their targets: before the head (the query itself) and after
+        "held_out_rows": len(held), "held_out_identity_loss": start_loss, "held_out_loss": held_loss,
+        "activation": "gelu_tanh", "train_s": round(time.perf_counter() - started, 1)}
+    log.info("query head: loss %.4f -> %.4f, held out %s (identity %s)", first_loss, loss_value, held_loss, start_loss)
+    return QueryHead([m.weight.detach().numpy().copy() for m in linears],
+                     [m.bias.detach().numpy().copy() for m in linears], config)
