@@ -1,7 +1,8 @@
 """What query expansion costs per request: the embedded default server (robust starter, demo gallery)
 answering the same distinct captions without expansion, with bank expansion (30 neighbours), and with
 bank expansion below the query's own first answer (``keep_first``, ``keep_within``), and 64 neighbours
-over three or two mean-shift rounds (``rounds``) below the first answer (three: the robust default). Rounds alternate
+over three or two mean-shift rounds (``rounds``) below the first answer (three: the robust default), and the
+bank's query head (``head``) alone and with one round of 64 (``paraseek models train-head``). Rounds alternate
 the configurations so a drift of the machine hits all of them alike; medians over the rounds.
 
     python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3]
@@ -28,6 +29,8 @@ CONFIGS = {
     "bank30 keep 1 within 5": {**BANK, "keep_first": 1, "keep_within": 5},
     "bank64 x3 keep 1 in 7": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
+    "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
+    "head+bank64 keep 1 in 7": {"method": "head", "n": 64, "rounds": 1, "keep_first": 1, "keep_within": 7},
 }
 
 

@@ -1,11 +1,12 @@
 """loadtests/bench_expansion.py against a real server on the embedded default (plain starter, a small
-bank put where the embedded default looks for it)."""
+bank with a random query head put where the embedded default looks for it)."""
 
 import shutil
 
 from paraseek.core.bundle import read_manifest
 from paraseek.loadtests import bench_expansion
-from paraseek.paraphrase.caption_bank import bank_dir
+from paraseek.paraphrase.caption_bank import CaptionBank, bank_dir
+from tests.paraphrase.test_query_head import random_head
 
 
 def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starter_bundle, starter_bank, shared_data,
@@ -14,12 +15,14 @@ def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starte
     monkeypatch.setenv("PARASEEK_STARTER", "plain")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     shutil.copytree(starter_bundle, home / "bundles" / "starter")
-    shutil.copytree(starter_bank.path, bank_dir(home, read_manifest(starter_bundle, verify=False)))
+    bank = bank_dir(home, read_manifest(starter_bundle, verify=False))
+    shutil.copytree(starter_bank.path, bank)
+    CaptionBank.read(bank).with_head(random_head(dim=starter_bank.manifest.dim, hidden=16, scale=0.1))
     code = bench_expansion.main(["--data", str(shared_data), "--home", str(home), "--seconds", "0.5", "--rounds", "1",
                                  "--concurrency", "1", "2"])
     out = capsys.readouterr().out
     assert code == 0, out  # no request failed
-    rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64"))]
-    assert len(rows) == 12  # six configurations at two concurrencies
+    rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "head"))]
+    assert len(rows) == 16  # eight configurations at two concurrencies
     bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
     assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row
