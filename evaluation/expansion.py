@@ -5,7 +5,8 @@ their plain embeddings) to the expanded query vectors, with the same arithmetic 
 Specs: every method of the registry (``paraseek.paraphrase.expansions``), each with its own arguments:
 ``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a cosine
 below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
-neighbours), ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images). Any spec may end with
+neighbours), ``head[:ROUNDS[:N]]`` (the bank's query head, then ROUNDS bank rounds of N neighbours),
+``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images). Any spec may end with
 ``:keepK`` or ``:keepKinW``: the unexpanded query's first K results lead the list (the request's
 ``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``).
 """
