@@ -183,3 +183,24 @@ def test_default_bank_takes_shipped_vectors_only_where_the_encoder_agrees(starte
     calls.clear()
     default_bank(tmp_path / "home-c", starter_encoder)
     assert calls == [len(texts)]
+
+
+def test_default_bank_installs_the_shipped_query_head_now_and_on_a_bank_written_before_it(
+        starter_encoder, small_default_texts, tmp_path):
+    from paraseek.paraphrase.caption_bank import default_bank, shipped_head_path, shipped_vectors_path
+    from paraseek.paraphrase.query_head import HEAD_FILE
+    from tests.paraphrase.test_query_head import random_head
+
+    texts, _ = small_default_texts
+    np.save(shipped_vectors_path(starter_encoder.manifest), starter_encoder.encode_text(texts).astype(np.float16))
+    old = default_bank(tmp_path / "home-old", starter_encoder)  # a bank written before any head shipped
+    assert old.head is None and not (old.path / HEAD_FILE).exists()
+    head = random_head(dim=starter_encoder.dim, hidden=8)
+    head.write(tmp_path)
+    (tmp_path / HEAD_FILE).rename(shipped_head_path(starter_encoder.manifest))
+    fresh = default_bank(tmp_path / "home-new", starter_encoder)
+    assert fresh.head is not None and (fresh.path / HEAD_FILE).is_file()
+    upgraded = default_bank(tmp_path / "home-old", starter_encoder)  # the next start adds it
+    assert upgraded.head is not None and CaptionBank.load(old.path, starter_encoder).head is not None
+    q = starter_encoder.encode_text(["a dog"])
+    np.testing.assert_allclose(upgraded.head(q), fresh.head(q))
