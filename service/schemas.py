@@ -107,13 +107,15 @@ class Expansion(StrictModel):
     @model_validator(mode="after")
     def _fits_method(self):
         if self.method != "none":
-            expansion_method(self.method).check(self.params())
+            method = expansion_method(self.method)
+            if self.rounds is None:  # the method's own default, stated in the request as served
+                self.rounds = method.default_rounds
+            method.check(self.params())
         return self
 
     def params(self) -> ExpansionParams:
-        rounds = self.rounds if self.rounds is not None else expansion_method(self.method).default_rounds
         return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta,
-                               rounds=rounds)
+                               rounds=1 if self.rounds is None else self.rounds)
 
 
 class Consistency(StrictModel):
