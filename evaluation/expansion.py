@@ -26,7 +26,7 @@ from paraseek.core.errors import UserError
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.settings import Settings
 from paraseek.index.snapshot import Snapshot
-from paraseek.paraphrase.caption_bank import CaptionBank, bank_dir
+from paraseek.paraphrase.caption_bank import CaptionBank, configured_bank_dir
 from paraseek.paraphrase.expansions import EXPANSIONS, KeepFirst, RewriteExpansion, VectorExpansion, expansion_method
 from paraseek.paraphrase.factory import make_source
 
@@ -110,7 +110,7 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos),
                          keep)
     assert isinstance(method, VectorExpansion)
-    lookups = DirectLookups(snapshot, lambda: CaptionBank.load(bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest),
+    lookups = DirectLookups(snapshot, lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest),
                                                               encoder))
     return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0], keep)
 

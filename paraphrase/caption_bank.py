@@ -33,6 +33,7 @@ from paraseek.paraphrase.query_head import HEAD_FILE, QueryHead
 
 if TYPE_CHECKING:
     from paraseek.core.encoder import Encoder
+    from paraseek.core.settings import Settings
 
 DEFAULT_TEXTS = Path(__file__).resolve().parent / "data" / "coco_train_captions.tsv.gz"
 # ``{bank folder name}.bank.npy``: the default texts' vectors (float16, as ``build`` writes them) for the
@@ -199,6 +200,11 @@ def bank_name(bundle: BundleManifest) -> str:
 def bank_dir(home: Path, bundle: BundleManifest) -> Path:
     """Where the default bank for a bundle lives under PARASEEK_HOME."""
     return Path(home) / "caption-banks" / bank_name(bundle)
+
+
+def configured_bank_dir(settings: Settings, bundle: BundleManifest) -> Path:
+    """The bank a bundle is expanded with: ``PARASEEK_CAPTION_BANK``, else its default bank under HOME."""
+    return settings.caption_bank or bank_dir(settings.home, bundle)
 
 
 def shipped_vectors_path(bundle: BundleManifest) -> Path:

@@ -14,7 +14,7 @@ import numpy as np
 from paraseek.core.settings import Settings
 from paraseek.index.store import SearchView
 from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
-from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, bank_dir
+from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, configured_bank_dir
 from paraseek.paraphrase.factory import make_source
 from paraseek.paraphrase.llm import LLMError
 from paraseek.service.batcher import ContinuousBatcher, search_rows
@@ -72,7 +72,7 @@ class ExpansionSources:
             bank = self._banks.get(active.model_id)
             if bank is None:
                 encoder = active.encoder
-                path = self.settings.caption_bank or bank_dir(self.settings.home, encoder.manifest)
+                path = configured_bank_dir(self.settings, encoder.manifest)
                 if not (path / "manifest.json").is_file():
                     raise RequestError("expansion.method", "no caption bank for this bundle: build one with "
                                        "`paraseek models build-bank` (or set PARASEEK_CAPTION_BANK)", status=400)

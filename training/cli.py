@@ -16,7 +16,7 @@ from paraseek.core.encoder import Encoder
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.evaluation.data import held_out_texts, without_held_out
-from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, read_caption_texts
+from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, configured_bank_dir, read_caption_texts
 from paraseek.paraphrase.query_head import HEAD_FILE, HeadTraining
 from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
 from paraseek.training.export.starter_release import CROP_GRID
@@ -244,7 +244,7 @@ def train_head_cmd(
 
     settings = Settings()
     encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
-    path = bank or settings.caption_bank or bank_dir(settings.home, encoder.manifest)
+    path = bank or configured_bank_dir(settings, encoder.manifest)
     if not (path / "manifest.json").is_file():
         raise UserError(f"--bank: no caption bank in {path}: build one with `paraseek models build-bank`")
     loaded = CaptionBank.load(path, encoder)

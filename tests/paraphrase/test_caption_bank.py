@@ -204,3 +204,13 @@ def test_default_bank_installs_the_shipped_query_head_now_and_on_a_bank_written_
     assert upgraded.head is not None and CaptionBank.load(old.path, starter_encoder).head is not None
     q = starter_encoder.encode_text(["a dog"])
     np.testing.assert_allclose(upgraded.head(q), fresh.head(q))
+
+
+def test_the_configured_bank_is_the_setting_else_the_bundles_default_bank(tmp_path):
+    from paraseek.core.settings import Settings
+    from paraseek.paraphrase.caption_bank import bank_dir, configured_bank_dir
+
+    bundle = type("M", (), {"name": "paraseek-starter", "version": "3"})()
+    assert configured_bank_dir(Settings(home=tmp_path), bundle) == bank_dir(tmp_path, bundle) \
+        == tmp_path / "caption-banks" / "paraseek-starter-v3"
+    assert configured_bank_dir(Settings(home=tmp_path, caption_bank=tmp_path / "mine"), bundle) == tmp_path / "mine"
