@@ -36,6 +36,7 @@ class ExpansionParams:
     alpha: float = 1.0  # prf: weight of the query
     beta: float = 1.0  # prf: weight of the feedback
     rounds: int = 1  # bank: how many times the query moves to its neighbours' mean (a mean shift); head: after it
+    blend: float = 1.0  # head: the share of the head's move the query takes (1: all of it)
 
 
 @dataclass(frozen=True)
@@ -203,20 +204,27 @@ class HeadExpansion(VectorExpansion):
     min_rounds = default_rounds = 0
     max_rounds = 4
     uses_bank = True
-    spec_help = "head[:ROUNDS[:N]]"
+    spec_help = "head[:ROUNDS[:N[:BLEND]]]"
+
+    def check(self, p):
+        super().check(p)
+        if not 0 < p.blend <= 1:
+            raise ValueError(f"head: blend is a share of the head's move, in (0, 1], not {p.blend}")
 
     async def expand(self, queries, p, lookups):
         bank = await lookups.caption_bank()
         if bank.head is None:
             raise CaptionBankError(f"caption bank {bank.path} has no query head: train one with "
                                    "`paraseek models train-head`")
-        return await mean_shift(bank, bank.head(queries), p, lookups)
+        return await mean_shift(bank, bank.head(queries, p.blend), p, lookups)
 
     def from_spec(self, args):
-        return ExpansionParams(rounds=spec_number(args, 0, self.default_rounds, int), n=spec_number(args, 1, 64, int))
+        return ExpansionParams(rounds=spec_number(args, 0, self.default_rounds, int), n=spec_number(args, 1, 64, int),
+                               blend=spec_number(args, 2, 1.0))
 
     def spec_label(self, p):
-        return "head" + (f"+bank{p.n}" + (f"-x{p.rounds}" if p.rounds > 1 else "") if p.rounds else "")
+        return ("head" + (f"@{p.blend:g}" if p.blend != 1 else "")
+                + (f"+bank{p.n}" + (f"-x{p.rounds}" if p.rounds > 1 else "") if p.rounds else ""))
 
 
 class FeedbackExpansion(VectorExpansion):

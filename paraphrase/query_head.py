@@ -77,8 +77,12 @@ class QueryHead:
     def dim(self) -> int:
         return int(self.weights[0].shape[1])
 
-    def __call__(self, queries: np.ndarray) -> np.ndarray:
-        """The moved queries, normalised; (Q, d) or (d,) as given."""
+    def __call__(self, queries: np.ndarray, blend: float = 1.0) -> np.ndarray:
+        """The moved queries, normalised; (Q, d) or (d,) as given. ``blend`` < 1 moves them only that share of
+        the way to the head's output (``normalise(q + blend * (head(q) - q))``): the bank's mean shift blurs the
+        precise first answer, and a part of the move keeps more of it (the trade is in robust_starter.md)."""
+        if not 0 < blend <= 1:
+            raise QueryHeadError(f"blend is a share of the head's move, in (0, 1], not {blend}")
         q = np.atleast_2d(queries).astype(np.float32)
         if q.shape[1] != self.dim:
             raise QueryHeadError(f"query head takes {self.dim}-dimensional vectors, not {q.shape[1]}")
@@ -87,8 +91,11 @@ class QueryHead:
             h = h @ w.T + b
             if i < len(self.weights) - 1:
                 h = gelu_tanh(h)
-        out = l2_normalize(q + h)
-        return out[0] if np.ndim(queries) == 1 else out
+        moved = l2_normalize(q + h)
+        if blend != 1:
+            start = l2_normalize(q)
+            moved = l2_normalize(start + blend * (moved - start))
+        return moved[0] if np.ndim(queries) == 1 else moved
 
     def write(self, folder: str | Path) -> Path:
         """``folder/head.npz``: float16 weights (half the size; the forward runs in float32) and the config."""

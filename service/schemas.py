@@ -88,6 +88,9 @@ class Expansion(StrictModel):
         None, ge=0, le=4, description="bank: how many times the query moves to the mean of its neighbours (default 1); "
         "each round looks up the moved query's neighbours (a mean shift: rephrasings end nearer each other); head: "
         "the bank rounds after the head (default 0: no lookup)")
+    blend: Annotated[float, Strict()] = Field(
+        1.0, gt=0, le=1, description="head: the share of the head's move the query takes (1: all of it; less keeps "
+        "more of the precise first answer and less stability)")
     keep_first: StrictInt = Field(
         0, ge=0, le=10, description="the unexpanded query's first results that stay first; the expansion orders the "
         "rest (expansion steadies the list under rephrasing and blurs the first answer: keep_first 1 keeps both)")
@@ -115,7 +118,7 @@ class Expansion(StrictModel):
 
     def params(self) -> ExpansionParams:
         return ExpansionParams(n=self.n, fusion=self.fusion, min_cos=self.min_cos, m=self.m, alpha=self.alpha, beta=self.beta,
-                               rounds=1 if self.rounds is None else self.rounds)
+                               rounds=1 if self.rounds is None else self.rounds, blend=self.blend)
 
 
 class Consistency(StrictModel):

@@ -43,6 +43,22 @@ def test_forward_is_the_residual_mlp_normalised():
         head(np.ones((1, 3), np.float32))
 
 
+def test_blend_moves_the_query_a_share_of_the_way_to_the_heads_output():
+    head = random_head(layers=2, scale=2.0)
+    q = np.array([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.0, 0.0]], np.float32)
+    full = head(q)
+    half = head(q, blend=0.5)
+    expected = (q + 0.5 * (full - q)) / np.linalg.norm(q + 0.5 * (full - q), axis=1, keepdims=True)
+    assert half == pytest.approx(expected, abs=1e-6) and half.dtype == np.float32
+    assert head(q, blend=1.0) == pytest.approx(full)
+    # a smaller share stays nearer the query: the cosine to it falls as the share grows
+    cos = [float(np.sum(head(q, blend=b)[0] * q[0])) for b in (0.1, 0.5, 1.0)]
+    assert cos[0] > cos[1] > cos[2]
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(QueryHeadError, match="blend is a share of the head's move"):
+            head(q, blend=bad)
+
+
 def test_a_zero_last_layer_is_the_identity():
     head = random_head()
     identity = QueryHead([head.weights[0], np.zeros_like(head.weights[1])], [head.biases[0], np.zeros_like(head.biases[1])])
@@ -143,6 +159,14 @@ def test_head_expansion_applies_the_head_then_its_bank_rounds(tmp_path):
     assert moved == pytest.approx(bank.fuse(bank.head(q), rows, None)) and texts == bank.texts_of(rows[0])
     assert method.spec_label(method.from_spec([])) == "head" and method.spec_label(method.from_spec(["3"])) == "head+bank64-x3"
     method.check(ExpansionParams(rounds=0))
+    p = method.from_spec(["0", "64", "0.5"])
+    assert p.blend == 0.5 and method.spec_label(p) == "head@0.5"
+    assert method.spec_label(method.from_spec(["1", "8", "0.25"])) == "head@0.25+bank8"
+    before = lookups.calls
+    moved, _ = asyncio.run(method.expand(q, p, lookups))
+    assert moved == pytest.approx(bank.head(q, 0.5)) and lookups.calls == before  # the blend needs no lookup either
+    with pytest.raises(ValueError, match="blend is a share of the head's move"):
+        method.check(ExpansionParams(rounds=0, blend=1.5))
     with pytest.raises(ValueError, match="rounds is 0 to 4"):
         method.check(ExpansionParams(rounds=5))
     headless = CaptionBank.build(enc, TEXTS, tmp_path / "headless")

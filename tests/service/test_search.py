@@ -478,6 +478,15 @@ def test_head_expansion_moves_the_query_by_the_banks_head_then_its_rounds(make_s
         assert r.json()["expansions"] == [bank.texts[i] for i in top]
         bad = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "head", "rounds": 5}})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
+        r = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "head", "blend": 0.5}})
+        assert r.status_code == 200, r.text  # a share of the head's move, still no lookup
+        _, ids = snap.search_ids(head(q, 0.5)[None], 10)
+        assert [x["id"] for x in r.json()["results"]] == ids[0].tolist() and "expansions" not in r.json()
+        whole = c.post("/v1/search", json={"query": "a dog on a beach", "k": 10, "expansion": {"method": "head", "blend": 1}})
+        assert whole.json()["results"] == same.json()["results"]  # 1 (a JSON integer too) is the whole move
+        for blend in (0, 1.5, "half"):
+            bad = c.post("/v1/search", json={"query": "a dog", "expansion": {"method": "head", "blend": blend}})
+            assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "blend"], bad.text
 
 
 def test_prf_equals_the_hand_computation(client, direct):
