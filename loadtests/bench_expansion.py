@@ -2,7 +2,8 @@
 answering the same distinct captions without expansion, with bank expansion (30 neighbours), and with
 bank expansion below the query's own first answer (``keep_first``, ``keep_within``), and 64 neighbours
 over three or two mean-shift rounds (``rounds``) below the first answer (three: the robust default), and the
-bank's query head (``head``) alone and with one round of 64 (``paraseek models train-head``). Rounds alternate
+bank's query head (``head``) alone, half its move without a keep rule (``blend``), and with one round of 64
+(``paraseek models train-head``). Rounds alternate
 the configurations so a drift of the machine hits all of them alike; medians over the rounds.
 
     python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3]
@@ -30,6 +31,7 @@ CONFIGS = {
     "bank64 x3 keep 1 in 7": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
     "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
+    "head blend 0.5": {"method": "head", "rounds": 0, "blend": 0.5},
     "head+bank64 keep 1 in 7": {"method": "head", "n": 64, "rounds": 1, "keep_first": 1, "keep_within": 7},
 }
 

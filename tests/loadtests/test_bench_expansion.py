@@ -23,6 +23,6 @@ def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starte
     out = capsys.readouterr().out
     assert code == 0, out  # no request failed
     rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "head"))]
-    assert len(rows) == 16  # eight configurations at two concurrencies
+    assert len(rows) == 18  # nine configurations at two concurrencies
     bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
     assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row
