@@ -197,7 +197,8 @@ class HeadExpansion(VectorExpansion):
     """The caption bank's query head (``paraseek models train-head``): a small MLP trained to output the
     bank's mean shift of a query, so most of the bank's stability costs no lookup; ``rounds`` bank rounds
     of n neighbours may follow it. Robust starter v3, dev pairs, keep 1 within 7: AO@10 0.88 with no
-    lookup, 0.90 with one round of 64, where the bank alone needs three (loadtests/results/robust_starter.md)."""
+    lookup, 0.90 with one round of 64, where the bank alone needs three; ``blend`` 0.5 (half the head's move,
+    no keep rule) 0.856 at R@1 28.0 and R@10 82.9 (loadtests/results/robust_starter.md)."""
 
     name = "head"
     label = "query head (the caption bank, learnt)"
