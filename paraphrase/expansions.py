@@ -23,6 +23,7 @@ import numpy as np
 
 from paraseek.core.query_vectors import rocchio
 from paraseek.paraphrase.caption_bank import FUSIONS, CaptionBank, CaptionBankError
+from paraseek.paraphrase.query_head import check_blend
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,7 @@ class HeadExpansion(VectorExpansion):
 
     def check(self, p):
         super().check(p)
-        if not 0 < p.blend <= 1:
-            raise ValueError(f"head: blend is a share of the head's move, in (0, 1], not {p.blend}")
+        check_blend(p.blend)  # a QueryHeadError is a ValueError: the request's 422, the harness's message
 
     async def expand(self, queries, p, lookups):
         bank = await lookups.caption_bank()

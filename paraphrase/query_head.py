@@ -49,6 +49,12 @@ class QueryHeadError(UserError):
     """The head file is missing, malformed, or does not fit the bank's vectors."""
 
 
+def check_blend(blend: float) -> None:
+    """The one rule for a head's ``blend`` (the request schema states it as its field's bounds)."""
+    if not 0 < blend <= 1:
+        raise QueryHeadError(f"blend is a share of the head's move, in (0, 1], not {blend}")
+
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # a Python float: a numpy float64 would promote float32 arrays
 
 
@@ -81,8 +87,7 @@ class QueryHead:
         """The moved queries, normalised; (Q, d) or (d,) as given. ``blend`` < 1 moves them only that share of
         the way to the head's output (``normalise(q + blend * (head(q) - q))``): the bank's mean shift blurs the
         precise first answer, and a part of the move keeps more of it (the trade is in robust_starter.md)."""
-        if not 0 < blend <= 1:
-            raise QueryHeadError(f"blend is a share of the head's move, in (0, 1], not {blend}")
+        check_blend(blend)
         q = np.atleast_2d(queries).astype(np.float32)
         if q.shape[1] != self.dim:
             raise QueryHeadError(f"query head takes {self.dim}-dimensional vectors, not {q.shape[1]}")
