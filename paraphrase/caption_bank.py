@@ -247,14 +247,20 @@ def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
 
 
 def with_shipped_head(bank: CaptionBank, encoder: Encoder) -> CaptionBank:
-    """``bank`` with the package's query head for its bundle added, where the bank lacks one and holds the
-    shipped vectors the head was trained on (a default bank written before the head shipped gets it too)."""
-    head, vectors = shipped_head_path(encoder.manifest), shipped_vectors_path(encoder.manifest)
-    if bank.head is not None or not head.is_file() or not vectors.is_file():
+    """``bank`` with the package's query head for its bundle added, where the bank lacks one (a default bank
+    written before the head shipped gets it too). A mean-shift head is added only to a bank holding the
+    shipped vectors it was trained on; a head learnt from a teacher depends on the bundle alone."""
+    path, vectors = shipped_head_path(encoder.manifest), shipped_vectors_path(encoder.manifest)
+    if bank.head is not None or not path.is_file():
+        return bank
+    head = QueryHead.read(path)
+    if head.config.get("teacher"):
+        return bank.with_head(head)
+    if not vectors.is_file():
         return bank
     shipped = np.load(vectors, mmap_mode="r")
     rows = min(SHIPPED_CHECK_ROWS, len(bank.vectors))
     if shipped.shape != bank.vectors.shape or not np.allclose(
             bank.vectors[:rows], np.asarray(shipped[:rows], np.float32), atol=SHIPPED_CHECK_ATOL):
         return bank
-    return bank.with_head(QueryHead.read(head))
+    return bank.with_head(head)

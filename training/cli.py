@@ -17,7 +17,7 @@ from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.evaluation.data import held_out_texts, without_held_out
 from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, bank_dir, configured_bank_dir, read_caption_texts
-from paraseek.paraphrase.query_head import HEAD_FILE, HeadTraining
+from paraseek.paraphrase.query_head import HEAD_FILE, HeadTraining, check_blend
 from paraseek.training.export.quantize import DEFAULT_KEEP_FP32, KEEP_FP32, quantize_text_tower  # onnxruntime only, no torch
 from paraseek.training.export.starter_release import CROP_GRID
 from paraseek.training.recipe import list_recipes, load_recipe
@@ -237,10 +237,17 @@ def train_head_cmd(
     layers: int = typer.Option(HeadTraining.layers, min=1, help="Hidden layers."),
     steps: int = typer.Option(HeadTraining.steps, min=1, help="Optimiser steps (batches of 512 captions)."),
     seed: int = typer.Option(HeadTraining.seed),
+    teacher: Optional[Path] = typer.Option(None, help="Learn this bundle's retrieval vector instead of the mean shift: a "
+                                           "bundle of the same image space (e.g. the robust starter) embeds the bank's "
+                                           "captions and the head learns to output that from this bundle's vectors."),
+    teacher_bank: Optional[Path] = typer.Option(None, help="With --teacher: a bank of the teacher's holding a query head; "
+                                                "the teacher's vectors are moved by it (--teacher-blend of the way)."),
+    teacher_blend: float = typer.Option(0.5, help="With --teacher-bank: the share of its head's move in the target."),
 ):
     """Train the caption bank's query head (expansion method 'head'): its mean shift learnt as a function of
-    the query, so the served expansion needs fewer bank lookups, or none. Written into the bank's folder."""
-    from paraseek.training.query_head import train_query_head  # torch
+    the query, so the served expansion needs fewer bank lookups, or none; or, with --teacher, another
+    bundle's retrieval vector. Written into the bank's folder."""
+    from paraseek.training.query_head import teacher_targets, train_query_head  # torch
 
     settings = Settings()
     encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
@@ -249,10 +256,30 @@ def train_head_cmd(
         raise UserError(f"--bank: no caption bank in {path}: build one with `paraseek models build-bank`")
     loaded = CaptionBank.load(path, encoder)
     cfg = HeadTraining(neighbours=neighbours, rounds=rounds, hidden=hidden, layers=layers, steps=steps, seed=seed)
-    head = train_query_head(loaded.vectors, cfg, progress=lambda step, loss: console.print(f"step {step}: loss {loss:.4f}"))
+    targets, learnt_from = None, None
+    if teacher_bank is not None and teacher is None:
+        raise UserError("--teacher-bank: give the --teacher bundle that embedded it")
+    if teacher is not None:
+        taught = Encoder(teacher, load_image=False)
+        if (taught.image_space, taught.dim) != (encoder.image_space, encoder.dim):
+            raise UserError(f"--teacher: {taught.name} ranks in {taught.image_space} ({taught.dim} dimensions), "
+                            f"{encoder.name} in {encoder.image_space} ({encoder.dim}): a head can only learn a teacher "
+                            "of the same image space")
+        check_blend(teacher_blend)
+        teacher_head = None
+        if teacher_bank is not None:
+            teacher_head = CaptionBank.load(teacher_bank, taught).head if (teacher_bank / "manifest.json").is_file() else None
+            if teacher_head is None:
+                raise UserError(f"--teacher-bank: no caption bank with a query head in {teacher_bank}")
+        console.print(f"embedding {len(loaded.texts)} captions with the teacher {taught.name} v{taught.version} ...")
+        targets = teacher_targets(loaded.texts, taught, teacher_head, teacher_blend)
+        learnt_from = f"{taught.name} v{taught.version}" + (f" + its head@{teacher_blend:g}" if teacher_head else "")
+    head = train_query_head(loaded.vectors, cfg, progress=lambda step, loss: console.print(f"step {step}: loss {loss:.4f}"),
+                            targets=targets, teacher=learnt_from)
     loaded.with_head(head)
     c = head.config
-    console.print(f"query head written to {path / HEAD_FILE}: held-out cosine distance to the mean shift "
+    target = f"the teacher {c['teacher']}" if c["teacher"] else "the mean shift"
+    console.print(f"query head written to {path / HEAD_FILE}: held-out cosine distance to {target} "
                   f"{c['held_out_identity_loss']:.4f} (the query itself) -> {c['held_out_loss']:.4f}, {c['train_s']:.0f} s")
 
 

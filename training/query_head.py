@@ -8,6 +8,11 @@ in the bank, and a caption that finds itself first would teach the head to stay 
 residual, ``normalise(q + MLP(q))``, its last layer starting at zero (the head starts as the identity),
 and the loss is the mean cosine distance to the targets. 2 % of the rows are held out to report the
 fit on captions the head never saw.
+
+A head may instead learn a *teacher's* retrieval vector (``teacher_targets``): a bundle of the same image
+space embeds the bank's captions and its own bank's head moves them. Such a head depends on the two
+towers only, not on the bank, so a tower left as it was for sentence similarity (the plain starter's
+STS) ranks like the robust one through its head.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 
-from paraseek.core.encoder import l2_normalize
+from paraseek.core.encoder import Encoder, l2_normalize
 from paraseek.core.query_vectors import mean_fusion
 from paraseek.paraphrase.query_head import HeadTraining, QueryHead
 
@@ -51,6 +56,13 @@ def mean_shift_targets(vectors: np.ndarray, neighbours: int, rounds: int, rows: 
     return l2_normalize(out)
 
 
+def teacher_targets(texts: list[str], teacher: Encoder, head: QueryHead | None = None, blend: float = 1.0) -> np.ndarray:
+    """What ``teacher`` ranks ``texts`` with: its vectors, moved ``blend`` of the way by its bank's ``head``
+    where one is given."""
+    vectors = l2_normalize(teacher.encode_text(texts, batch_size=256))
+    return vectors if head is None else head(vectors, blend)
+
+
 def held_out_split(rows: int, cfg: HeadTraining) -> tuple[np.ndarray, np.ndarray]:
     """(held-out rows, training rows) of a bank of ``rows`` captions, as ``train_query_head`` splits them."""
     order = np.random.default_rng(cfg.seed).permutation(rows)
@@ -76,11 +88,19 @@ def _cosine_distance(mlp: torch.nn.Module, x: torch.Tensor, target: torch.Tensor
 
 
 def train_query_head(vectors: np.ndarray, cfg: HeadTraining = HeadTraining(),
-                     progress: Callable[[int, float], None] | None = None) -> QueryHead:
-    """A head trained to output the mean shift of ``vectors`` (a bank's, normalised) through themselves."""
+                     progress: Callable[[int, float], None] | None = None,
+                     targets: np.ndarray | None = None, teacher: str | None = None) -> QueryHead:
+    """A head trained to output the mean shift of ``vectors`` (a bank's, normalised) through themselves, or
+    a teacher's ``targets`` (one per row, ``teacher_targets``; ``teacher`` names them in the head's config).
+    A mean-shift head fits the bank it learnt from; a teacher's head fits any bank of the same bundle."""
     started = time.perf_counter()
     vectors = np.asarray(vectors, np.float32)
-    targets = mean_shift_targets(vectors, cfg.neighbours, cfg.rounds)
+    if targets is None:
+        targets, teacher = mean_shift_targets(vectors, cfg.neighbours, cfg.rounds), None
+    elif np.shape(targets) != vectors.shape:
+        raise ValueError(f"targets {np.shape(targets)} do not match the vectors {vectors.shape}")
+    else:
+        targets, teacher = np.asarray(targets, np.float32), teacher or "given targets"
     held, train = held_out_split(len(vectors), cfg)
     torch.manual_seed(cfg.seed)
     x, t = torch.from_numpy(vectors), torch.from_numpy(targets)
@@ -107,6 +127,7 @@ def train_query_head(vectors: np.ndarray, cfg: HeadTraining = HeadTraining(),
         start_loss = float((1 - (x[held] * t[held]).sum(-1)).mean()) if len(held) else None
     linears = [m for m in mlp if isinstance(m, torch.nn.Linear)]
     config = asdict(cfg) | {
+        "teacher": teacher,  # None: the bank's mean shift, which fits only this bank's vectors
         "bank_rows": len(vectors), "first_loss": round(first_loss, 5), "last_loss": round(loss_value, 5),
         # the held-out captions' cosine distance to their targets: before the head (the query itself) and after
         "held_out_rows": len(held), "held_out_identity_loss": start_loss, "held_out_loss": held_loss,

@@ -130,6 +130,25 @@ def test_the_shipped_head_joins_only_the_bank_it_was_trained_on(tmp_path, monkey
     assert added.head is not None and (tmp_path / "bank" / HEAD_FILE).is_file()
 
 
+def test_a_shipped_head_learnt_from_a_teacher_joins_any_bank_of_its_bundle(tmp_path, monkeypatch):
+    """A teacher's head is a function of the two towers, not of the bank's vectors: it needs no shipped
+    vectors to match, only the bundle's name and version."""
+    enc = FakeEncoder(name="shipped")
+    enc.manifest = type("M", (), {"name": "shipped", "version": "1"})()
+    bank = CaptionBank.build(enc, TEXTS[:3], tmp_path / "bank")
+    ship = tmp_path / "ship"
+    ship.mkdir()
+    monkeypatch.setattr(caption_bank_module, "SHIPPED_VECTORS", ship)
+    taught = random_head()
+    QueryHead(taught.weights, taught.biases, {"teacher": "robust v1 + its head@0.5"}).write(ship)
+    (ship / HEAD_FILE).rename(ship / f"shipped-v1.{HEAD_FILE}")
+    added = with_shipped_head(bank, enc)
+    assert added.head is not None and added.head.config["teacher"] == "robust v1 + its head@0.5"
+    assert CaptionBank.load(tmp_path / "bank", enc).head is not None
+    enc.manifest = type("M", (), {"name": "shipped", "version": "2"})()  # another release: no head of its own
+    assert with_shipped_head(CaptionBank.build(enc, TEXTS, tmp_path / "other"), enc).head is None
+
+
 class BankLookups:
     """``Lookups`` straight on the bank (the service's batcher and the harness do the same lookup)."""
 

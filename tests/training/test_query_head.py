@@ -100,3 +100,48 @@ def test_each_shipped_head_fits_the_mean_shift_of_the_captions_it_held_out():
         after = np.mean(1 - np.sum(head(vectors[held]) * targets, axis=1))
         assert after == pytest.approx(head.config["held_out_loss"], abs=2e-3)  # float16 weights as shipped
         assert after < 0.25 * before
+
+
+def test_a_head_learns_a_teachers_retrieval_vectors(starter_bundle, starter_bank, tiny_clip, tmp_path):
+    """--teacher: the targets are the teacher's vectors of the bank's captions, moved half way by the
+    teacher bank's head; the head written into the student's bank says what it learnt. A teacher of
+    another image space, a teacher bank without a head, or a teacher bank without its teacher is refused."""
+    import shutil
+
+    from paraseek.cli import app
+    from paraseek.core.encoder import Encoder
+    from paraseek.paraphrase.caption_bank import CaptionBank
+    from paraseek.training.query_head import teacher_targets
+
+    encoder = Encoder(starter_bundle, load_image=False)
+    teacher_bank, student_bank = tmp_path / "teacher", tmp_path / "student"
+    shutil.copytree(starter_bank.path, teacher_bank)
+    shutil.copytree(starter_bank.path, student_bank)
+    cfg = HeadTraining(neighbours=8, rounds=2, hidden=32, steps=60, batch=64, lr=3e-3)
+    teacher_head = CaptionBank.load(teacher_bank, encoder).with_head(train_query_head(starter_bank.vectors, cfg)).head
+    assert teacher_head is not None
+    texts = starter_bank.texts[:5]
+    targets = teacher_targets(texts, encoder, teacher_head, 0.5)
+    assert targets == pytest.approx(teacher_head(encoder.encode_text(texts), 0.5), abs=1e-5)
+    assert teacher_targets(texts, encoder) == pytest.approx(encoder.encode_text(texts), abs=1e-5)
+
+    runner = CliRunner()
+    base = ["models", "train-head", "--bundle", str(starter_bundle), "--bank", str(student_bank),
+            "--steps", "200", "--hidden", "32", "--teacher", str(starter_bundle)]
+    r = runner.invoke(app, base + ["--teacher-bank", str(teacher_bank), "--teacher-blend", "0.5"])
+    assert r.exit_code == 0, r.output
+    head = CaptionBank.load(student_bank, encoder).head
+    assert head is not None and head.config["teacher"].endswith("+ its head@0.5")
+    assert head.config["held_out_loss"] < head.config["held_out_identity_loss"]
+    # the student's head moves its captions toward the teacher's targets
+    all_targets = teacher_head(starter_bank.vectors, 0.5)
+    assert np.mean(np.sum(head(starter_bank.vectors) * all_targets, 1)) > np.mean(np.sum(starter_bank.vectors * all_targets, 1))
+
+    other_space = runner.invoke(app, base[:-1] + [str(tiny_clip[0])])
+    assert other_space.exit_code != 0 and "same image space" in other_space.output
+    headless = runner.invoke(app, base + ["--teacher-bank", str(starter_bank.path)])
+    assert headless.exit_code != 0 and "with a query head" in headless.output
+    no_teacher = runner.invoke(app, base[:-2] + ["--teacher-bank", str(teacher_bank)])
+    assert no_teacher.exit_code != 0 and "--teacher bundle" in no_teacher.output
+    bad_blend = runner.invoke(app, base + ["--teacher-bank", str(teacher_bank), "--teacher-blend", "1.5"])
+    assert bad_blend.exit_code != 0 and "blend" in bad_blend.output
