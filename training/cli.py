@@ -243,11 +243,14 @@ def train_head_cmd(
     teacher_bank: Optional[Path] = typer.Option(None, help="With --teacher: a bank of the teacher's holding a query head; "
                                                 "the teacher's vectors are moved by it (--teacher-blend of the way)."),
     teacher_blend: float = typer.Option(0.5, help="With --teacher-bank: the share of its head's move in the target."),
+    rewrites: Optional[int] = typer.Option(None, min=0, help="With --teacher: also learn from this many rewritten copies of "
+                                           "each caption (WordNet synonyms, dropped words; needs NLTK's WordNet). "
+                                           "Default 2 with --teacher."),
 ):
     """Train the caption bank's query head (expansion method 'head'): its mean shift learnt as a function of
     the query, so the served expansion needs fewer bank lookups, or none; or, with --teacher, another
     bundle's retrieval vector. Written into the bank's folder."""
-    from paraseek.training.query_head import teacher_targets, train_query_head  # torch
+    from paraseek.training.query_head import teacher_data, train_query_head  # torch
 
     settings = Settings()
     encoder = Encoder(bundle or settings.bundle_dir, load_image=False)
@@ -256,9 +259,9 @@ def train_head_cmd(
         raise UserError(f"--bank: no caption bank in {path}: build one with `paraseek models build-bank`")
     loaded = CaptionBank.load(path, encoder)
     cfg = HeadTraining(neighbours=neighbours, rounds=rounds, hidden=hidden, layers=layers, steps=steps, seed=seed)
-    targets, learnt_from = None, None
-    if teacher_bank is not None and teacher is None:
-        raise UserError("--teacher-bank: give the --teacher bundle that embedded it")
+    targets, learnt_from, rewritten = None, None, None
+    if teacher is None and (teacher_bank is not None or rewrites):
+        raise UserError(f"{'--teacher-bank' if teacher_bank else '--rewrites'}: only with a --teacher bundle")
     if teacher is not None:
         taught = Encoder(teacher, load_image=False)
         if (taught.image_space, taught.dim) != (encoder.image_space, encoder.dim):
@@ -271,11 +274,13 @@ def train_head_cmd(
             teacher_head = CaptionBank.load(teacher_bank, taught).head if (teacher_bank / "manifest.json").is_file() else None
             if teacher_head is None:
                 raise UserError(f"--teacher-bank: no caption bank with a query head in {teacher_bank}")
-        console.print(f"embedding {len(loaded.texts)} captions with the teacher {taught.name} v{taught.version} ...")
-        targets = teacher_targets(loaded.texts, taught, teacher_head, teacher_blend)
+        copies = 2 if rewrites is None else rewrites
+        console.print(f"embedding {len(loaded.texts)} captions and {copies} rewritten copies of each with the teacher "
+                      f"{taught.name} v{taught.version} (and the copies with {encoder.name}) ...")
+        targets, rewritten = teacher_data(loaded.texts, encoder, taught, teacher_head, teacher_blend, copies, seed)
         learnt_from = f"{taught.name} v{taught.version}" + (f" + its head@{teacher_blend:g}" if teacher_head else "")
     head = train_query_head(loaded.vectors, cfg, progress=lambda step, loss: console.print(f"step {step}: loss {loss:.4f}"),
-                            targets=targets, teacher=learnt_from)
+                            targets=targets, teacher=learnt_from, rewrites=rewritten)
     loaded.with_head(head)
     c = head.config
     target = f"the teacher {c['teacher']}" if c["teacher"] else "the mean shift"

@@ -102,10 +102,12 @@ def test_each_shipped_head_fits_the_mean_shift_of_the_captions_it_held_out():
         assert after < 0.25 * before
 
 
-def test_a_head_learns_a_teachers_retrieval_vectors(starter_bundle, starter_bank, tiny_clip, tmp_path):
+def test_a_head_learns_a_teachers_retrieval_vectors(starter_bundle, starter_bank, tiny_clip, tmp_path, shared_data,
+                                                    monkeypatch):
     """--teacher: the targets are the teacher's vectors of the bank's captions, moved half way by the
-    teacher bank's head; the head written into the student's bank says what it learnt. A teacher of
-    another image space, a teacher bank without a head, or a teacher bank without its teacher is refused."""
+    teacher bank's head, and of two rewritten copies of each caption; the head written into the student's
+    bank says what it learnt. A teacher of another image space, a teacher bank without a head, or a
+    teacher bank or rewrites without a teacher are refused."""
     import shutil
 
     from paraseek.cli import app
@@ -113,6 +115,7 @@ def test_a_head_learns_a_teachers_retrieval_vectors(starter_bundle, starter_bank
     from paraseek.paraphrase.caption_bank import CaptionBank
     from paraseek.training.query_head import teacher_targets
 
+    monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))  # the rewrites' synonyms
     encoder = Encoder(starter_bundle, load_image=False)
     teacher_bank, student_bank = tmp_path / "teacher", tmp_path / "student"
     shutil.copytree(starter_bank.path, teacher_bank)
@@ -132,6 +135,8 @@ def test_a_head_learns_a_teachers_retrieval_vectors(starter_bundle, starter_bank
     assert r.exit_code == 0, r.output
     head = CaptionBank.load(student_bank, encoder).head
     assert head is not None and head.config["teacher"].endswith("+ its head@0.5")
+    # two copies of each caption but the 8 held out (2 %), which stay unseen in every wording
+    assert head.config["bank_rows"] == 400 and head.config["rewrite_rows"] == 2 * (400 - 8)
     assert head.config["held_out_loss"] < head.config["held_out_identity_loss"]
     # the student's head moves its captions toward the teacher's targets
     all_targets = teacher_head(starter_bank.vectors, 0.5)
@@ -142,6 +147,8 @@ def test_a_head_learns_a_teachers_retrieval_vectors(starter_bundle, starter_bank
     headless = runner.invoke(app, base + ["--teacher-bank", str(starter_bank.path)])
     assert headless.exit_code != 0 and "with a query head" in headless.output
     no_teacher = runner.invoke(app, base[:-2] + ["--teacher-bank", str(teacher_bank)])
-    assert no_teacher.exit_code != 0 and "--teacher bundle" in no_teacher.output
+    assert no_teacher.exit_code != 0 and "--teacher-bank: only with a --teacher bundle" in no_teacher.output
+    no_teacher = runner.invoke(app, base[:-2] + ["--rewrites", "1"])
+    assert no_teacher.exit_code != 0 and "--rewrites: only with a --teacher bundle" in no_teacher.output
     bad_blend = runner.invoke(app, base + ["--teacher-bank", str(teacher_bank), "--teacher-blend", "1.5"])
     assert bad_blend.exit_code != 0 and "blend" in bad_blend.output
