@@ -242,8 +242,10 @@ def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
     texts = read_caption_texts(DEFAULT_TEXTS)
     vectors = shipped_vectors(encoder, texts)
     if vectors is None:
-        return CaptionBank.build(encoder, texts, path, texts_source=DEFAULT_TEXTS.name)
-    return with_shipped_head(CaptionBank.write(encoder, texts, vectors, path, texts_source=DEFAULT_TEXTS.name), encoder)
+        bank = CaptionBank.build(encoder, texts, path, texts_source=DEFAULT_TEXTS.name)
+    else:
+        bank = CaptionBank.write(encoder, texts, vectors, path, texts_source=DEFAULT_TEXTS.name)
+    return with_shipped_head(bank, encoder)
 
 
 def with_shipped_head(bank: CaptionBank, encoder: Encoder) -> CaptionBank:

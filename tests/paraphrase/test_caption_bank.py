@@ -206,6 +206,24 @@ def test_default_bank_installs_the_shipped_query_head_now_and_on_a_bank_written_
     np.testing.assert_allclose(upgraded.head(q), fresh.head(q))
 
 
+def test_a_default_bank_embedded_here_gets_the_shipped_head_learnt_from_a_teacher(starter_encoder, small_default_texts,
+                                                                                  tmp_path):
+    """The plain starter's case: the package ships no vectors for the bundle, only a head learnt from a
+    teacher, so the bank is embedded on first use and the head joins it."""
+    from paraseek.paraphrase.caption_bank import default_bank, shipped_head_path
+    from paraseek.paraphrase.query_head import HEAD_FILE, QueryHead
+    from tests.paraphrase.test_query_head import random_head
+
+    texts, _ = small_default_texts
+    taught = random_head(dim=starter_encoder.dim, hidden=8)
+    QueryHead(taught.weights, taught.biases, {"teacher": "robust v3 + its head@0.5"}).write(tmp_path)
+    (tmp_path / HEAD_FILE).rename(shipped_head_path(starter_encoder.manifest))
+    bank = default_bank(tmp_path / "home", starter_encoder)
+    assert bank.manifest.count == len(texts) and bank.head is not None and (bank.path / HEAD_FILE).is_file()
+    q = starter_encoder.encode_text(["a dog"])
+    np.testing.assert_allclose(CaptionBank.load(bank.path, starter_encoder).head(q), taught(q), atol=1e-2)  # float16
+
+
 def test_the_configured_bank_is_the_setting_else_the_bundles_default_bank(tmp_path):
     from paraseek.core.settings import Settings
     from paraseek.paraphrase.caption_bank import bank_dir, configured_bank_dir
