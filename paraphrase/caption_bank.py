@@ -8,7 +8,9 @@ outside every evaluation set, CC BY 4.0: ``paraphrase/data/ATTRIBUTION.md``); th
 computed once per bundle (``build``), except where the package ships them for that bundle
 (``SHIPPED_VECTORS``: the robust starter's, so its first start does not spend half a minute on them).
 A bank may also hold a query head (``head.npz``, ``paraseek.paraphrase.query_head``) trained on its
-vectors; rewriting the vectors removes it, and the package ships one with the robust starter's vectors.
+vectors; rewriting the vectors removes it. The package ships one with the robust starter's vectors, and one
+for the plain starter learnt from the robust starter's ranking (a teacher's head, which fits any bank of its
+bundle).
 """
 
 from __future__ import annotations
