@@ -114,16 +114,33 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
 # captions (a mean shift, eq. 5 each round) and keeps its own first answer where the moved query's list
 # has it in its top 7: AO@10 0.903, T2I R@1 30.6, R@10 77.0 (alone 0.803, 30.9, 84.4). Two rounds
 # within 5, v2's default, stay under 0.90 over v3's image side (0.8996, 30.4) for one lookup fewer.
-# The plain tower keeps its first answer always: within 5 would cost it R@1 (32.6 -> 31.1).
-# {"method": "none"} opts out.
+# The plain tower keeps its first answer always (within 5 would cost it R@1, 32.6 -> 31.1) and its
+# shipped head, learnt from the robust starter's ranking, orders the rest with no lookup: 0.829-0.831,
+# 32.6, 82.3-82.5 over three head seeds, where one bank round of 30 gave 0.815, 32.6, 81.0
+# (robust_starter.md, "The robust ranking on the plain tower"). {"method": "none"} opts out.
 EMBEDDED_DEFAULT_EXPANSION = {
     "robust": '{"method": "bank", "n": 64, "rounds": 3, "fusion": "mean", "keep_first": 1, "keep_within": 7}',
-    "plain": '{"method": "bank", "n": 30, "fusion": "mean", "keep_first": 1}',
+    "plain": '{"method": "head", "keep_first": 1}',
 }
+# the plain starter's default where its bank has no head (PARASEEK_CAPTION_BANK: a bank of your own captions)
+PLAIN_DEFAULT_WITHOUT_HEAD = '{"method": "bank", "n": 30, "fusion": "mean", "keep_first": 1}'
+
+
+def _bank_has_head(settings: Settings) -> bool:
+    path = settings.caption_bank
+    if path is None:
+        bundle = settings.starter_bundle_dir
+        if not (bundle / "manifest.json").is_file():
+            return False
+        path = bank_dir(settings.home, read_manifest(bundle, verify=False))
+    return (Path(path) / HEAD_FILE).is_file()
 
 
 def with_default_expansion(settings: Settings) -> Settings:
     """The embedded default serves with the measured best expansion unless one is configured."""
     if settings.default_expansion is not None:
         return settings
-    return settings.model_copy(update={"default_expansion": EMBEDDED_DEFAULT_EXPANSION[settings.starter]})
+    expansion = EMBEDDED_DEFAULT_EXPANSION[settings.starter]
+    if settings.starter == "plain" and not _bank_has_head(settings):
+        expansion = PLAIN_DEFAULT_WITHOUT_HEAD
+    return settings.model_copy(update={"default_expansion": expansion})

@@ -884,20 +884,33 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
 
 
-@pytest.mark.parametrize("starter, n, rounds, within", [("robust", 64, 3, 7), ("plain", 30, 1, 0)])
-def test_the_embedded_default_expansion_keeps_the_first_answer(starter, n, rounds, within, make_settings, starter_bank):
+@pytest.mark.parametrize("starter, head, method, n, rounds, within", [
+    ("robust", False, "bank", 64, 3, 7), ("robust", True, "bank", 64, 3, 7),
+    ("plain", True, "head", 3, 0, 0), ("plain", False, "bank", 30, 1, 0)])
+def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, make_settings,
+                                                               starter_bank, tmp_path):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the
-    server applies it when a request names none."""
+    server applies it when a request names none. The plain starter's is its bank's head, where the bank
+    has one (the default bank gets the shipped one), else one round of 30 bank captions."""
+    import shutil
+
     from fastapi.testclient import TestClient
 
+    from paraseek.paraphrase.caption_bank import CaptionBank
     from paraseek.service.main import create_app
     from paraseek.service.schemas import Expansion
     from paraseek.training.embedded import with_default_expansion
+    from tests.paraphrase.test_query_head import random_head
 
-    settings = with_default_expansion(make_settings(starter=starter, caption_bank=starter_bank.path))
+    bank = starter_bank.path
+    if head:
+        bank = tmp_path / "bank"
+        shutil.copytree(starter_bank.path, bank)
+        CaptionBank.read(bank).with_head(random_head(dim=starter_bank.manifest.dim, hidden=16, scale=0.1))
+    settings = with_default_expansion(make_settings(starter=starter, caption_bank=bank))
     expansion = Expansion.model_validate_json(settings.default_expansion)
     assert (expansion.method, expansion.n, expansion.rounds, expansion.keep_first, expansion.keep_within) == \
-        ("bank", n, rounds, 1, within)
+        (method, n, rounds, 1, within)
     with TestClient(create_app(settings)) as c:
         default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
         explicit = c.post("/v1/search", json={"query": "a kitchen with a stove",
