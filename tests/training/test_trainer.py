@@ -186,7 +186,10 @@ def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(t
                                                                                  tmp_path, monkeypatch):
     """robust-openclip: a bank built by `paraseek models build-bank` with the frozen tower's bundle sets
     the anchor targets (eq. 5 mean over its nearest captions), the run trains and exports; a bank of
-    another image space is refused naming the field."""
+    another image space is refused naming the field. Then the README's serving steps for the trained tower:
+    its own bank with a query head, and the frozen tower's bank with a head taught the trained tower's
+    ranking (`train-head --teacher`), so the frozen tower's embeddings stay as they were."""
+    from paraseek.core.encoder import Encoder
     from paraseek.paraphrase.caption_bank import CaptionBank
 
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))  # x'' and the held sentences
@@ -211,7 +214,30 @@ def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(t
     logged = json.loads((tmp_path / "run/metrics.jsonl").read_text().splitlines()[-1])
     # the starter's objective: the bank anchor and the WordNet sentences held (objective.preserve_texts)
     assert len(losses) == 2 and all(np.isfinite(losses)) and {"anchor", "preserve"} <= set(logged)
-    assert trainer.export().joinpath("manifest.json").is_file()
+    trained = trainer.export()
+    assert trained.joinpath("manifest.json").is_file()
+
+    captions = tmp_path / "bank-captions.txt"  # enough captions for a head's held-out split
+    lines = (shared_data / "coco-captions/train_captions.tsv").read_text().splitlines()[1:201]
+    captions.write_text("\n".join(line.split("\t")[-1] for line in lines) + "\n")
+    small = ["--neighbours", "4", "--rounds", "2", "--hidden", "16", "--steps", "200"]
+    for which, out in ((trained, "robust"), (bundle, "frozen")):
+        r = CliRunner().invoke(app, ["models", "build-bank", "--bundle", str(which), "--captions", str(captions),
+                                     "--out", str(tmp_path / out)])
+        assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["models", "train-head", "--bundle", str(trained), "--bank", str(tmp_path / "robust"), *small])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["models", "train-head", "--bundle", str(bundle), "--bank", str(tmp_path / "frozen"), *small,
+                                 "--teacher", str(trained), "--teacher-bank", str(tmp_path / "robust"), "--rewrites", "1"])
+    assert r.exit_code == 0, r.output
+    frozen, taught = Encoder(bundle, load_image=False), Encoder(trained, load_image=False)
+    robust_bank, frozen_bank = CaptionBank.load(tmp_path / "robust", taught), CaptionBank.load(tmp_path / "frozen", frozen)
+    assert robust_bank.head is not None and frozen_bank.head is not None
+    assert frozen_bank.head.config["teacher"] == f"{taught.name} v{taught.version} + its head@0.5"
+    # the frozen tower's captions, moved by the taught head, come nearer the trained tower's ranking vectors
+    targets = robust_bank.head(robust_bank.vectors, 0.5)
+    before = np.mean(np.sum(frozen_bank.vectors * targets, 1))
+    assert np.mean(np.sum(frozen_bank.head(frozen_bank.vectors) * targets, 1)) > before
 
     r = CliRunner().invoke(app, ["models", "build-bank", "--bundle", str(starter_bundle), "--captions",
                                  str(tmp_path / "mine.txt"), "--out", str(tmp_path / "starter-bank")])
