@@ -1,20 +1,24 @@
-"""What query expansion costs per request: the embedded default server (robust starter, demo gallery)
-answering the same distinct captions without expansion, with bank expansion (30 neighbours), and with
-bank expansion below the query's own first answer (``keep_first``, ``keep_within``), and 64 neighbours
-over three or two mean-shift rounds (``rounds``) below the first answer (three: the robust default), and the
-bank's query head (``head``) alone, half its move without a keep rule (``blend``), and with one round of 64
-(``paraseek models train-head``). Rounds alternate
-the configurations so a drift of the machine hits all of them alike; medians over the rounds.
+"""What query expansion costs per request: the embedded default server (robust starter, or the plain one
+with ``--starter plain``; demo gallery) answering the same distinct captions without expansion, with bank
+expansion (30 neighbours), and with bank expansion below the query's own first answer (``keep_first``,
+``keep_within``), and 64 neighbours over three or two mean-shift rounds (``rounds``) below the first answer
+(three: the robust default), and the bank's query head (``head``) below the first answer (within 7, or
+always: the plain starter's default), half its move without a keep rule (``blend``), and with one round of
+64 (``paraseek models train-head``). Rounds alternate the configurations so a drift of the machine hits all
+of them alike; medians over the rounds.
 
-    python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3]
+    python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3] [--starter plain]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, start_paraseek
@@ -31,6 +35,7 @@ CONFIGS = {
     "bank64 x3 keep 1 in 7": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
     "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
+    "head keep_first 1": {"method": "head", "rounds": 0, "keep_first": 1},
     "head blend 0.5": {"method": "head", "rounds": 0, "blend": 0.5},
     "head+bank64 keep 1 in 7": {"method": "head", "n": 64, "rounds": 1, "keep_first": 1, "keep_within": 7},
 }
@@ -43,12 +48,17 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="per configuration, round and concurrency")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--starter", choices=["robust", "plain"], default=None,
+                   help="which starter the server embeds (PARASEEK_STARTER; default: the environment's, else robust)")
     args = p.parse_args(argv)
     texts = [c for g in caption_groups(args.data / "coco-captions/train_captions.tsv") for c in g]
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-expansion-"))
-    proc, url = start_paraseek(home)
+    starter = args.starter or os.environ.get("PARASEEK_STARTER") or "robust"
+    proc, url = start_paraseek(home, PARASEEK_STARTER=starter)
     results: dict[tuple[str, int], list[dict]] = {}
     try:
+        with urllib.request.urlopen(f"{url}/v1/info", timeout=30) as r:
+            served = json.load(r)["bundle"]  # what the server embedded, named in the report
         for round_ in range(args.rounds):
             for conc in args.concurrency:
                 for index, (name, expansion) in enumerate(CONFIGS.items()):
@@ -62,8 +72,8 @@ def main(argv=None) -> int:
     finally:
         stop_server(proc, 10)
 
-    print(f"\nexpansion cost: the embedded default over the demo gallery, {args.rounds} rounds x {args.seconds:.0f} s, "
-          f"loopback; {cpu_description()}")
+    print(f"\nexpansion cost: the embedded default ({served['name']} v{served['version']}, {served['precision']}) over "
+          f"the demo gallery, {args.rounds} rounds x {args.seconds:.0f} s, loopback; {cpu_description()}")
     print(f"{'expansion':24} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / bank30':>13} {'fail':>5}")
     failures = 0
     for conc in args.concurrency:
