@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import urllib.request
@@ -49,12 +48,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--starter", choices=["robust", "plain"], default=None,
-                   help="which starter the server embeds (PARASEEK_STARTER; default: the environment's, else robust)")
+                   help="which starter the server embeds (sets PARASEEK_STARTER; default: the server's setting)")
     args = p.parse_args(argv)
     texts = [c for g in caption_groups(args.data / "coco-captions/train_captions.tsv") for c in g]
     home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-expansion-"))
-    starter = args.starter or os.environ.get("PARASEEK_STARTER") or "robust"
-    proc, url = start_paraseek(home, PARASEEK_STARTER=starter)
+    proc, url = start_paraseek(home, **({"PARASEEK_STARTER": args.starter} if args.starter else {}))
     results: dict[tuple[str, int], list[dict]] = {}
     try:
         with urllib.request.urlopen(f"{url}/v1/info", timeout=30) as r:
