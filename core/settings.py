@@ -140,6 +140,10 @@ class Settings(BaseSettings):
     # {"method": "bank", "n": 30}); a request opts out with {"method": "none"}
     default_expansion: str | None = None
     caption_bank: Path | None = Field(None, description="caption bank folder (default: the bundle's bank under HOME)")
+    first_answer_bundle: Path | None = Field(
+        None, description="a second bundle of the served image space whose first answer a request's `lead_margin` puts on "
+        "top where that tower is sure of it (its first score above its second by more than the margin): a plainer, more "
+        "precise tower over a stable ranking (default for the embedded robust starter: the plain starter)")
 
     # paraphrase / expansion sources (service, CLI evaluation and training data generation alike)
     ppdb_path: Path | None = None

@@ -27,6 +27,10 @@ from paraseek.paraphrase.factory import make_source
 
 app = typer.Typer(help="Evaluate bundles: paraphrase consistency, retrieval, STS, perturbations.", no_args_is_help=True)
 
+FIRST_ANSWER_HELP = ("Bundle of the same image space whose first answer an expansion's `:leadM` suffix puts on top where "
+                     "that tower's first score exceeds its second by more than M (the service's "
+                     "PARASEEK_FIRST_ANSWER_BUNDLE and `lead_margin`).")
+
 
 def _load_pair(bundle: Path | None, snapshot: Path | None) -> tuple[Encoder, Snapshot]:
     enc = load_encoder(bundle)
@@ -44,16 +48,18 @@ def paraphrase_cmd(
                                         + spec_help() + "."),
     ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
     bank: Optional[Path] = typer.Option(None, help="Caption bank folder (default: the bundle's bank under $PARASEEK_HOME)."),
+    first_answer_bundle: Optional[Path] = typer.Option(None, help=FIRST_ANSWER_HELP),
     out: Optional[Path] = typer.Option(None, help="Folder for per-pair CSV and summary JSON."),
 ):
     """AO@k and JS@k between the top-k lists of each query and its paraphrase."""
     text_pairs = read_pairs(pairs)
     enc, snap = _load_pair(bundle, snapshot)
+    lead_encoder = Encoder(first_answer_bundle, load_image=False) if first_answer_bundle is not None else None
     results = [evaluate_pairs(enc, snap, text_pairs, k=k)]
     for spec in expansion:
-        exp = parse_expansion(spec, enc, snap, Settings(), ppdb, bank)
+        exp = parse_expansion(spec, enc, snap, Settings(), ppdb, bank, lead_encoder)
         results.append(evaluate_pairs(enc, snap, text_pairs, k=k, expand=exp.expand, label=exp.label,
-                                      keep=exp.keep))
+                                      keep=exp.keep, lead=exp.lead, lead_encoder=exp.lead_encoder))
     summary = {r.label: r.summary() for r in results}
     if out:
         write_pairs_csv(out / "pairs.csv", text_pairs, results)
@@ -135,10 +141,12 @@ def compare_cmd(
     ppdb: Optional[Path] = typer.Option(None, help="PPDB TSV for ppdb expansion (default: PARASEEK_PPDB_PATH)."),
     bank: Optional[Path] = typer.Option(None, help="Caption bank folder (default: each bundle's bank under $PARASEEK_HOME)."),
     expand: List[str] = typer.Option([], help="Apply --expansion to this model only (repeatable; default: every model)."),
+    first_answer_bundle: Optional[Path] = typer.Option(None, help=FIRST_ANSWER_HELP),
 ):
     """The suite over several bundles and expansions: a Markdown/JSON table (rows = model + expansion) plus PNG plots."""
     rows = compare([parse_model(m) for m in model], out, pairs=read_pairs(pairs) if pairs else None,
                    sts=read_sts(sts) if sts else None, images=images, image_root=image_root, k=k,
-                   expansions=expansion, settings=Settings(), ppdb=ppdb, bank=bank, expand_models=expand)
+                   expansions=expansion, settings=Settings(), ppdb=ppdb, bank=bank, expand_models=expand,
+                   first_answer=first_answer_bundle)
     console.print((out / "results.md").read_text())
     console.print(f"written to {out} ({len(rows)} models)")

@@ -8,7 +8,9 @@ below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]``
 neighbours), ``head[:ROUNDS[:N]]`` (the bank's query head, then ROUNDS bank rounds of N neighbours),
 ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images). Any spec may end with
 ``:keepK`` or ``:keepKinW``: the unexpanded query's first K results lead the list (the request's
-``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``).
+``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``),
+then ``:leadM``: a second tower's first answer (``--first-answer-bundle``) goes on top where its first
+image's score exceeds its second's by more than M (the request's ``lead_margin``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.settings import Settings
 from paraseek.index.snapshot import Snapshot
 from paraseek.paraphrase.caption_bank import CaptionBank, configured_bank_dir
-from paraseek.paraphrase.expansions import EXPANSIONS, KeepFirst, RewriteExpansion, VectorExpansion, expansion_method
+from paraseek.paraphrase.expansions import EXPANSIONS, ConfidentLead, KeepFirst, RewriteExpansion, VectorExpansion, expansion_method
 from paraseek.paraphrase.factory import make_source
 
 Expander = Callable[[list[str], np.ndarray], np.ndarray]
@@ -38,18 +40,25 @@ class Expansion:
     label: str
     expand: Expander
     keep: KeepFirst = KeepFirst()  # the unexpanded query's first results lead each list (``:keepK[inW]``)
+    lead: ConfidentLead = ConfidentLead()  # a second tower's sure first answer goes on top (``:leadM``)
+    lead_encoder: Encoder | None = None  # that tower (``--first-answer-bundle``), where ``lead`` is set
 
 
-def split_keep(spec: str) -> tuple[list[str], KeepFirst]:
-    """A spec's parts and its ``keepK`` or ``keepKinW`` suffix (``bank:30:keep1in5`` -> (["bank", "30"],
-    KeepFirst(1, 5))); none without one."""
-    parts = spec.split(":")
+def split_rules(spec: str) -> tuple[list[str], KeepFirst, ConfidentLead]:
+    """A spec's parts, its ``keepK`` or ``keepKinW`` suffix and then its ``leadM`` one
+    (``bank:30:keep1in5:lead0.03`` -> (["bank", "30"], KeepFirst(1, 5), ConfidentLead(0.03))); none without them."""
+    parts, lead = spec.split(":"), ConfidentLead()
+    if len(parts) > 1 and parts[-1].startswith("lead"):
+        match = re.fullmatch(r"lead(\d+(?:\.\d*)?|\.\d+)", parts[-1])
+        if match is None or not 0 <= float(match.group(1)) <= 2:
+            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not leadM (M a score margin, 0 to 2)")
+        parts, lead = parts[:-1], ConfidentLead(float(match.group(1)))
     if len(parts) > 1 and parts[-1].startswith("keep"):
         match = re.fullmatch(r"keep(\d+)(?:in(\d+))?", parts[-1])
         if match is None:
             raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK or keepKinW (whole numbers)")
-        return parts[:-1], KeepFirst(int(match.group(1)), int(match.group(2) or 0))
-    return parts, KeepFirst()
+        return parts[:-1], KeepFirst(int(match.group(1)), int(match.group(2) or 0)), lead
+    return parts, KeepFirst(), lead
 
 
 def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]], min_cos: float) -> Expander:
@@ -92,27 +101,36 @@ class DirectLookups:
 
 
 def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: Settings | None = None,
-                    ppdb: Path | None = None, bank: Path | None = None) -> Expansion:
-    """``METHOD[:ARG...]`` of any registered expansion method (``paraseek.paraphrase.expansions``)."""
+                    ppdb: Path | None = None, bank: Path | None = None, first_answer: Encoder | None = None) -> Expansion:
+    """``METHOD[:ARG...]`` of any registered expansion method (``paraseek.paraphrase.expansions``);
+    ``first_answer``: the tower of a ``:leadM`` suffix."""
     settings = settings or Settings()
-    (name, *args), keep = split_keep(spec)
+    (name, *args), keep, lead = split_rules(spec)
+    if lead and first_answer is None:
+        raise UserError(f"--expansion {spec!r}: {lead.label} needs the tower whose first answer leads "
+                        "(--first-answer-bundle)")
+    if lead and first_answer is not None and first_answer.image_space != encoder.image_space:
+        raise UserError(f"--expansion {spec!r}: the first-answer bundle {first_answer.path} embeds into image space "
+                        f"{first_answer.image_space!r}, not {encoder.image_space!r} like {encoder.path}")
+    lead_encoder = first_answer if lead else None
     try:
         method = expansion_method(name)
         params = method.from_spec(args)
         method.check(params)
     except ValueError as exc:
         raise UserError(f"--expansion {spec!r}: {exc}") from None
-    label = method.spec_label(params) + (f"-{keep.label}" if keep else "")
+    label = method.spec_label(params) + (f"-{keep.label}" if keep else "") + (f"-{lead.label}" if lead else "")
     if isinstance(method, RewriteExpansion):
         if params.fusion != "mean":
             raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")
         source = make_source(method.source, settings, ppdb_path=ppdb)
         return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos),
-                         keep)
+                         keep, lead, lead_encoder)
     assert isinstance(method, VectorExpansion)
     lookups = DirectLookups(snapshot, lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest),
                                                               encoder))
-    return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0], keep)
+    return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0], keep, lead,
+                     lead_encoder)
 
 
 def spec_help() -> str:

@@ -11,7 +11,7 @@ import numpy as np
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
 
 
 @dataclass
@@ -42,20 +42,28 @@ def distinct_images(lists: Sequence[tuple[list[int], list[int]]]) -> int:
 
 def evaluate_pairs(encoder: Encoder, snapshot, pairs: Sequence[tuple[str, str]], k: int = 10,
                    expand: Callable[[list[str], np.ndarray], np.ndarray] | None = None, label: str = "plain",
-                   progress: bool = True, keep: KeepFirst = KeepFirst()) -> ParaphraseResult:
+                   progress: bool = True, keep: KeepFirst = KeepFirst(), lead: ConfidentLead = ConfidentLead(),
+                   lead_encoder: Encoder | None = None) -> ParaphraseResult:
     """``expand`` maps (texts, their embeddings) to expanded query vectors (``paraseek.evaluation.expansion``);
-    ``keep``: each list leads with the unexpanded query's first results, as the service serves it."""
+    ``keep``: each list leads with the unexpanded query's first results, as the service serves it; ``lead``:
+    then ``lead_encoder``'s first answer goes on top where that tower is sure of it."""
     a_texts, b_texts = [a for a, _ in pairs], [b for _, b in pairs]
     qa, qb = encoder.encode_text(a_texts), encoder.encode_text(b_texts)
 
     def served(texts: list[str], plain: np.ndarray) -> list[list[int]]:
         if expand is None:
-            return [[int(x) for x in row if x >= 0] for row in snapshot.search_ids(plain, k)[1]]
-        _, expanded = snapshot.search_ids(expand(texts, plain), k + keep.depth)
-        if not keep:
-            return [[int(x) for x in row if x >= 0][:k] for row in expanded]
-        _, first = snapshot.search_ids(plain, keep.n)
-        return [keep.serve(f, e)[:k] for f, e in zip(first, expanded)]
+            lists = [[int(x) for x in row if x >= 0] for row in snapshot.search_ids(plain, k)[1]]
+        else:
+            _, expanded = snapshot.search_ids(expand(texts, plain), k + keep.depth)
+            if keep:
+                _, first = snapshot.search_ids(plain, keep.n)
+                lists = [keep.serve(f, e) for f, e in zip(first, expanded)]
+            else:
+                lists = [[int(x) for x in row if x >= 0] for row in expanded]
+        if lead and lead_encoder is not None:
+            lead_scores, lead_ids = snapshot.search_ids(lead_encoder.encode_text(texts), 2)
+            lists = [lead.serve(listed, i, s) for listed, i, s in zip(lists, lead_ids, lead_scores)]
+        return [listed[:k] for listed in lists]
 
     lists = list(zip(served(a_texts, qa), served(b_texts, qb)))
     ao = np.array([average_overlap(a, b, k) for a, b in lists])

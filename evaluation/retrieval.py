@@ -8,29 +8,39 @@ import numpy as np
 
 from paraseek.core.errors import UserError
 from paraseek.core.rank_metrics import retrieval_recall
-from paraseek.paraphrase.expansions import KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
 
 KS = (1, 5, 10)
 
 
 def cross_modal_recall(image_vecs: np.ndarray, image_ids: Sequence[int], text_vecs: np.ndarray,
                        text_image_ids: Sequence[int], ks=KS, plain_text_vecs: np.ndarray | None = None,
-                       keep: KeepFirst = KeepFirst()) -> dict[str, float]:
+                       keep: KeepFirst = KeepFirst(), lead_text_vecs: np.ndarray | None = None,
+                       lead: ConfidentLead = ConfidentLead()) -> dict[str, float]:
     """R@k in percent both ways, and RSUM. A caption's relevant image is its own; an image's relevant
     captions are all of its captions. ``keep`` (with the unexpanded ``plain_text_vecs``): text
-    to image ranks as an expansion with ``keep_first`` serves them."""
+    to image ranks as an expansion with ``keep_first`` serves them; ``lead`` (with a second tower's
+    ``lead_text_vecs``): as its ``lead_margin`` then serves them."""
     position = {int(i): p for p, i in enumerate(image_ids)}
     missing = {int(i) for i in text_image_ids} - set(position)
     if missing:
         raise UserError(f"{len(missing)} captions refer to images not in the gallery, e.g. {sorted(missing)[:3]}")
     sim = np.asarray(text_vecs, np.float32) @ np.asarray(image_vecs, np.float32).T
     t2i_sim = sim
-    if keep and plain_text_vecs is not None:
-        plain = np.argsort(-(np.asarray(plain_text_vecs, np.float32) @ np.asarray(image_vecs, np.float32).T), axis=1)
+    kept, led = keep and plain_text_vecs is not None, lead and lead_text_vecs is not None
+    if kept or led:
+        served: list[list[int]] = np.argsort(-sim, axis=1).tolist()
+        if kept:
+            plain = np.argsort(-(np.asarray(plain_text_vecs, np.float32) @ np.asarray(image_vecs, np.float32).T), axis=1)
+            served = [keep.serve(p, e) for p, e in zip(plain, served)]
+        if led:
+            lead_sim = np.asarray(lead_text_vecs, np.float32) @ np.asarray(image_vecs, np.float32).T
+            top2 = np.argsort(-lead_sim, axis=1)[:, :2]
+            served = [lead.serve(e, t, s[t]) for e, t, s in zip(served, top2, lead_sim)]
         t2i_sim = np.empty_like(sim)
         descending = np.arange(sim.shape[1], 0, -1, dtype=np.float32)  # a score that orders as the served list
-        for row, (p, e) in enumerate(zip(plain, np.argsort(-sim, axis=1))):
-            t2i_sim[row, keep.serve(p, e)] = descending
+        for row, order in enumerate(served):
+            t2i_sim[row, order] = descending
     t2i = retrieval_recall(t2i_sim, [position[int(i)] for i in text_image_ids], ks)
     captions_of: dict[int, set[int]] = {}
     for t, i in enumerate(text_image_ids):

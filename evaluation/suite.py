@@ -20,7 +20,7 @@ from paraseek.evaluation.retrieval import cross_modal_recall
 from paraseek.evaluation.sts import evaluate_sts
 from paraseek.index.builder import build_snapshot
 from paraseek.index.snapshot import Snapshot
-from paraseek.paraphrase.expansions import KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
 
 
 class NoCaptionsError(UserError):
@@ -39,14 +39,16 @@ def snapshot_captions(snapshot) -> tuple[list[str], list[int]]:
     return texts, ids
 
 
-def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None, keep: KeepFirst = KeepFirst()) -> dict[str, float]:
+def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None, keep: KeepFirst = KeepFirst(),
+                          lead: ConfidentLead = ConfidentLead(), lead_encoder: Encoder | None = None) -> dict[str, float]:
     """Retrieval with the snapshot's own captions as queries (expanded by ``expand`` when given, the
-    unexpanded query's first results leading as ``keep`` says)."""
+    unexpanded query's first results leading as ``keep`` says, ``lead_encoder``'s where ``lead`` says)."""
     texts, ids = snapshot_captions(snapshot)
     plain = encoder.encode_text(texts)
     queries = expand(texts, plain) if expand is not None else plain
+    lead_vecs = lead_encoder.encode_text(texts) if lead and lead_encoder is not None else None
     return cross_modal_recall(np.asarray(snapshot.vectors()), snapshot.ids, queries, ids,
-                              plain_text_vecs=plain, keep=keep)
+                              plain_text_vecs=plain, keep=keep, lead_text_vecs=lead_vecs, lead=lead)
 
 
 def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: int = 0, k: int = 10,
@@ -97,15 +99,17 @@ def parse_model(spec: str) -> Model:
 
 def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=None, image_root=None,
             k: int = 10, progress: bool = True, expansions: Sequence[str] = (), settings=None, ppdb=None,
-            bank=None, expand_models: Sequence[str] = ()) -> list[dict]:
+            bank=None, expand_models: Sequence[str] = (), first_answer: Path | None = None) -> list[dict]:
     """One row of metrics per model and expansion (plain first); writes results.json, results.md and
     PNG plots into ``out``. ``expand_models``: the models the expansions apply to (default: all), so
-    ablation rows can sit in the same table without every expansion."""
+    ablation rows can sit in the same table without every expansion. ``first_answer``: the bundle whose
+    first answers an expansion's ``:leadM`` puts on top."""
     unknown = set(expand_models) - {m.name for m in models}
     if unknown:
         raise UserError(f"--expand {', '.join(sorted(unknown))}: no model of that name")
 
     out.mkdir(parents=True, exist_ok=True)
+    lead_encoder = Encoder(first_answer, load_image=False) if first_answer is not None else None
     rows, ao_distributions = [], {}
     for m in tqdm(models, desc="models", disable=not progress):
         enc = Encoder(m.bundle)
@@ -118,17 +122,19 @@ def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=
         snap = Snapshot.load(snap_path, image_space=enc.image_space)
         sts_row = evaluate_sts(enc, sts) if sts else None
         for spec in (None, *(expansions if not expand_models or m.name in expand_models else ())):
-            exp = parse_expansion(spec, enc, snap, settings, ppdb, bank) if spec else None
+            exp = parse_expansion(spec, enc, snap, settings, ppdb, bank, lead_encoder) if spec else None
             name = m.name if exp is None else f"{m.name} + {exp.label}"
             row: dict = {"model": name, "bundle": f"{enc.name} v{enc.version}", "images": len(snap)}
             if pairs:
                 res = evaluate_pairs(enc, snap, pairs, k=k, progress=progress, expand=exp.expand if exp else None,
-                                     keep=exp.keep if exp else KeepFirst())
+                                     keep=exp.keep if exp else KeepFirst(), lead=exp.lead if exp else ConfidentLead(),
+                                     lead_encoder=exp.lead_encoder if exp else None)
                 row[f"AO@{k}"], row[f"JS@{k}"] = float(res.ao.mean()), float(res.js.mean())
                 row[f"distinct images in top-{k}"] = res.summary()["distinct_images"]
                 ao_distributions[name] = res.ao
             try:
-                r = retrieval_on_snapshot(enc, snap, exp.expand if exp else None, exp.keep if exp else KeepFirst())
+                r = (retrieval_on_snapshot(enc, snap, exp.expand, exp.keep, exp.lead, exp.lead_encoder) if exp
+                     else retrieval_on_snapshot(enc, snap))
                 row.update({"T2I R@1": r["t2i_r1"], "T2I R@5": r["t2i_r5"], "T2I R@10": r["t2i_r10"]})
                 if exp is None:  # image-to-text and RSUM do not depend on query expansion
                     row.update({"I2T R@1": r["i2t_r1"], "I2T R@5": r["i2t_r5"], "I2T R@10": r["i2t_r10"], "RSUM": r["rsum"]})

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
@@ -42,6 +42,7 @@ from paraseek.service.query_plan import (
     QueryTexts,
     consistency_report,
     keep_of,
+    lead_of,
     page,
     plan_rows,
     query_vectors,
@@ -50,7 +51,15 @@ from paraseek.service.query_plan import (
     rewrite_expansion,
     vector_expansion,
 )
-from paraseek.service.runtime import Active, default_text_batch, encoder_workers, load_active, load_snapshot, text_sub_batch
+from paraseek.service.runtime import (
+    Active,
+    default_text_batch,
+    encoder_id,
+    encoder_workers,
+    load_active,
+    load_snapshot,
+    text_sub_batch,
+)
 from paraseek.service.schemas import EmbeddingsRequest, Expansion, SearchRequest, SearchResponse
 
 log = logging.getLogger(__name__)
@@ -232,7 +241,7 @@ class SearchEngine:
                 active = self.active
                 if version and version != active.snapshot.version:
                     snap = await asyncio.to_thread(load_snapshot, self.store, active.encoder.image_space, self.settings)
-                    self.swap(Active(active.encoder, snap), replaces=active)  # StaleSwap: the next poll looks again
+                    self.swap(replace(active, snapshot=snap), replaces=active)  # StaleSwap: the next poll looks again
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have
                 log.warning("snapshot not loaded: %s: %s", type(exc).__name__, exc)
@@ -305,14 +314,17 @@ class SearchEngine:
             run = (None if solo else text_sub_batch(encoder, self.settings)) or len(texts)
             return encoder.encode_text_detailed(texts, batch_size=max(run, 1), solo=solo)
 
-    async def embed(self, active: Active, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        """Rows for ``texts`` (deduplicated), from the cache where possible, the rest in one call."""
-        lookup = await cached_texts(self.cache, active, texts)
+    async def embed(self, active: Active, texts: list[str], encoder: Encoder | None = None) -> tuple[np.ndarray, list[bool]]:
+        """Rows for ``texts`` (deduplicated) by ``encoder`` (default: the served one; else the first-answer
+        tower), from the cache where possible, the rest in one call."""
+        encoder = encoder or active.encoder
+        model_id = encoder_id(encoder)
+        lookup = await cached_texts(self.cache, encoder, model_id, texts)
         if not lookup.missing:
-            return lookup.assemble(active.encoder, None, [])
-        vectors, flags = await self.encoder_batcher.submit(active.encoder, lookup.missing)
-        await self.cache.put_embeddings(active.model_id, lookup.missing_fingerprints, vectors)
-        return lookup.assemble(active.encoder, vectors, flags)
+            return lookup.assemble(encoder, None, [])
+        vectors, flags = await self.encoder_batcher.submit(encoder, lookup.missing)
+        await self.cache.put_embeddings(model_id, lookup.missing_fingerprints, vectors)
+        return lookup.assemble(encoder, vectors, flags)
 
     # -- search --------------------------------------------------------------------------------
     def effective_expansion(self, req: SearchRequest) -> SearchRequest:
@@ -334,7 +346,12 @@ class SearchEngine:
         active = self.require_active()
         self._check_lengths(self._request_texts(req))
         req = self.effective_expansion(req)
-        key = params_key({"snapshot": active.snapshot.version, "model": active.model_id, "request": req.model_dump()})
+        lead = lead_of(req)
+        if lead and active.first_answer is None:
+            raise RequestError("expansion.lead_margin", "this server has no first-answer tower to lead with: set "
+                               "PARASEEK_FIRST_ANSWER_BUNDLE to a bundle of the served image space", status=400)
+        model = active.model_id + (f"+{active.first_answer_id}" if lead else "")
+        key = params_key({"snapshot": active.snapshot.version, "model": model, "request": req.model_dump()})
         hit = await self._cached(key, t0)
         if hit is not None:
             return hit
@@ -343,8 +360,8 @@ class SearchEngine:
         t_texts = time.perf_counter()
         texts = await self._texts(req)  # paraphrase sources may take seconds: before the encoder call
         t_generated = time.perf_counter()
-        # keep_first: the expanded list loses up to that many results to the plain query's first ones
-        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0) + keep_of(req).depth
+        # keep_first: the expanded list loses up to that many results to the plain query's first ones (lead: one more)
+        k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0) + keep_of(req).depth + int(bool(lead))
         if self._runs_alone(req, texts):
             searched = await self._encode_and_search_alone(active, view, req, texts, k_search)
         else:
@@ -363,7 +380,8 @@ class SearchEngine:
         stage.labels("fusion").observe(t_fused - t_search)
         report = None
         if texts.paraphrases:
-            report = consistency_report(req, texts.paraphrases, searched.ids, searched.rows, self.settings.consistency_threshold)
+            report = consistency_report(req, texts.paraphrases, searched.scores, searched.ids, searched.rows,
+                                        self.settings.consistency_threshold)
             stage.labels("consistency").observe(time.perf_counter() - t_fused)
             self.metrics.consistency_ao.observe(report.mean_ao)
             self.metrics.consistency_reports.labels("true" if report.stable else "false").inc()
@@ -374,9 +392,10 @@ class SearchEngine:
         )
 
     def _runs_alone(self, req: SearchRequest, texts: QueryTexts) -> bool:
-        """The service's only request in flight, with few texts and no index lookup between encoding
-        and search (bank and prf expansions make one)."""
-        return self.in_flight == 1 and vector_expansion(req) is None and len(texts.all()) <= SOLO_MAX_TEXTS
+        """The service's only request in flight, with few texts, one encoder and no index lookup between
+        encoding and search (bank and prf expansions make one)."""
+        return (self.in_flight == 1 and vector_expansion(req) is None and not lead_of(req)
+                and len(texts.all()) <= SOLO_MAX_TEXTS)
 
     async def _encode_and_search_alone(self, active: Active, view: SearchView, req: SearchRequest, texts: QueryTexts,
                                        k: int) -> Searched:
@@ -385,7 +404,7 @@ class SearchEngine:
         round trip through the event loop between the two stages (about 0.6 ms per request on 2 cores) and
         then the hand-offs to and from a thread (about 0.35 ms more), and nothing else is waiting to be
         merged with it."""
-        lookup = await cached_texts(self.cache, active, texts.all())
+        lookup = await cached_texts(self.cache, active.encoder, active.model_id, texts.all())
 
         def encode_and_search() -> tuple[np.ndarray | None, Searched]:
             vectors, flags = self._encode(active.encoder, lookup.missing) if lookup.missing else (None, [])
@@ -440,9 +459,17 @@ class SearchEngine:
         # announced to the index stage from encoding until its rows get there: a search that would
         # start alone waits for them instead (an exact scan costs nearly the same for one row as for many)
         with self.index_batcher.expect() as expected, self._at_encoder_or_past_it():
-            embedded, truncated = await self.embed(active, texts.all())
+            if lead_of(req) and active.first_answer is not None and texts.query is not None:
+                # the first-answer tower's call alongside the served one's (each batched with its own kind)
+                (embedded, truncated), (lead_vectors, _) = await asyncio.gather(
+                    self.embed(active, texts.all()),
+                    self.embed(active, [texts.query, *texts.paraphrases], active.first_answer))
+            else:
+                (embedded, truncated), lead_vectors = await self.embed(active, texts.all()), None
             t_embedded = time.perf_counter()
             vectors = query_vectors(req, texts, embedded)
+            if lead_vectors is not None:
+                vectors.lead_query, vectors.lead_paraphrases = lead_vectors[0], lead_vectors[1:]
             expanded: np.ndarray | None = None
             neighbour_texts: list[str] = []
             method = vector_expansion(req)

@@ -21,7 +21,7 @@ from paraseek.index.builder import build_snapshot
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.service.engine import SearchEngine
-from paraseek.service.runtime import Active, load_encoder, load_snapshot, validate_snapshot
+from paraseek.service.runtime import Active, first_answer_for, load_encoder, load_snapshot, validate_snapshot
 from paraseek.service.schemas import Job, ReindexRequest
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class JobManager:
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
                 activate=False,
             )
-            active = Active(encoder, load_snapshot(store, encoder.image_space, settings, result.manifest.version))
+            active = Active(encoder, load_snapshot(store, encoder.image_space, settings, result.manifest.version),
+                            first_answer_for(current, encoder))
             validate_snapshot(active)
             # published only if what this build started from is still served (a reload or another
             # reindex meanwhile fails the job: the version stays written, unpublished)

@@ -11,7 +11,7 @@ import numpy as np
 from paraseek.core.encoder import l2_normalize
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import EXPANSIONS, KeepFirst, RewriteExpansion, VectorExpansion
+from paraseek.paraphrase.expansions import EXPANSIONS, ConfidentLead, KeepFirst, RewriteExpansion, VectorExpansion
 from paraseek.service.errors import RequestError
 from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, SearchRequest
 
@@ -39,6 +39,9 @@ class QueryVectors:
     terms: np.ndarray
     # the paraphrases before a vector expansion moved them (set where one did: ``keep_first`` needs them)
     plain_paraphrases: np.ndarray | None = None
+    # ``lead_margin``: the first-answer tower's vectors of the query and of the paraphrases
+    lead_query: np.ndarray | None = None
+    lead_paraphrases: np.ndarray | None = None
 
     @classmethod
     def split(cls, texts: QueryTexts, vectors: np.ndarray) -> QueryVectors:
@@ -57,12 +60,20 @@ class QueryRows:
     first_paraphrase: int  # the first paraphrase's row
     keep: KeepFirst = KeepFirst()  # ``keep_first``: the plain query's first results lead the list
     first_plain_paraphrase: int | None = None  # keep with expanded paraphrases: where their plain rows start
+    lead: ConfidentLead = ConfidentLead()  # ``lead_margin``: the first-answer tower's sure answer on top
+    lead_query: int | None = None  # its row of the query
+    first_lead_paraphrase: int | None = None  # and where its rows of the (expanded, so served) paraphrases start
 
-    def served(self, ids: np.ndarray, row: int, plain_row: int) -> list[int]:
-        """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin)."""
+    def served(self, ids: np.ndarray, scores: np.ndarray, row: int, plain_row: int, lead_row: int | None = None) -> list[int]:
+        """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin; ``lead_row``
+        the first-answer tower's)."""
         if self.keep and plain_row != row:
-            return self.keep.serve(ids[plain_row], ids[row])
-        return [int(i) for i in ids[row] if i >= 0]
+            listed = self.keep.serve(ids[plain_row], ids[row])
+        else:
+            listed = [int(i) for i in ids[row] if i >= 0]
+        if self.lead and lead_row is not None:
+            listed = self.lead.serve(listed, ids[lead_row], scores[lead_row])
+        return listed
 
 
 def vector_expansion(req: SearchRequest) -> VectorExpansion | None:
@@ -93,6 +104,14 @@ def keep_of(req: SearchRequest) -> KeepFirst:
     """The request's ``keep_first`` (none without an expansion)."""
     e = req.expansion
     return KeepFirst(e.keep_first, e.keep_within) if e is not None and e.method != "none" else KeepFirst()
+
+
+def lead_of(req: SearchRequest) -> ConfidentLead:
+    """The request's ``lead_margin`` (none without an expansion, or for weighted terms: lists of no one query)."""
+    e = req.expansion
+    if e is None or e.method == "none" or req.query is None or req.terms:
+        return ConfidentLead()
+    return ConfidentLead(e.lead_margin)
 
 
 def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None = None,
@@ -134,12 +153,24 @@ def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None =
     if keep and compare_expanded and len(v.paraphrases) and v.plain_paraphrases is not None:
         first_plain_paraphrase = len(rows)
         rows.extend(v.plain_paraphrases)
-    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase, keep, first_plain_paraphrase)
+    lead = lead_of(req) if v.lead_query is not None else ConfidentLead()
+    lead_query = first_lead_paraphrase = None
+    if lead:
+        assert v.lead_query is not None
+        lead_query = len(rows)
+        rows.append(v.lead_query)
+        # the report compares served lists only where the expansion moved the paraphrases too
+        if compare_expanded and len(v.paraphrases) and v.lead_paraphrases is not None:
+            first_lead_paraphrase = len(rows)
+            rows.extend(v.lead_paraphrases)
+    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase, keep, first_plain_paraphrase, lead,
+                     lead_query, first_lead_paraphrase)
 
 
 def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: QueryRows) -> list[tuple[int, float, int]]:
     """The result list, ranks offset+1 .. offset+k; several fused rows are combined by reciprocal rank,
-    and ``keep_first`` puts the plain query's first results ahead of them."""
+    ``keep_first`` puts the plain query's first results ahead of them and ``lead_margin`` the first-answer
+    tower's sure answer ahead of all (each shown with the score of the row that placed it)."""
     if rows.fused > 1:
         ranks: dict[int, float] = {}
         for row in ids[: rows.fused]:
@@ -149,12 +180,20 @@ def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: 
         listed, listed_scores = [i for i, _ in ranked], [s for _, s in ranked]
     else:
         listed, listed_scores = ids[0], scores[0]
-    if not rows.keep:
+    led = rows.lead and rows.lead_query is not None
+    if not rows.keep and not led:
         return page(listed, listed_scores, k, offset)
     score_of = {int(i): float(s) for i, s in zip(listed, listed_scores)}
-    plain = rows.plain_query
-    score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep.n], scores[plain][: rows.keep.n])})
-    served = rows.keep.serve(ids[plain], listed)
+    served = [int(i) for i in listed if i >= 0]
+    if rows.keep:
+        plain = rows.plain_query
+        score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep.n], scores[plain][: rows.keep.n])})
+        served = rows.keep.serve(ids[plain], listed)
+    if led:
+        lead_ids, lead_scores = ids[rows.lead_query], scores[rows.lead_query]
+        if rows.lead.leads(lead_ids, lead_scores):
+            score_of[int(lead_ids[0])] = float(lead_scores[0])
+        served = rows.lead.serve(served, lead_ids, lead_scores)
     return page(served, [score_of[i] for i in served], k, offset)
 
 
@@ -172,18 +211,20 @@ def result_of(rows: dict[int, dict], image_id: int, score: float, rank: int) -> 
             "licence": row.get("license")}
 
 
-def consistency_report(req: SearchRequest, paraphrases: list[str], ids: np.ndarray, rows: QueryRows,
+def consistency_report(req: SearchRequest, paraphrases: list[str], scores: np.ndarray, ids: np.ndarray, rows: QueryRows,
                        threshold: float) -> ConsistencyReport:
     """AO@k and JS@k of each paraphrase's list against the plain query's."""
     assert req.consistency is not None
     kc = req.consistency.k
-    qlist = (rows.served(ids, 0, rows.plain_query) if rows.first_plain_paraphrase is not None
-             else [int(i) for i in ids[rows.plain_query] if i >= 0])[:kc]
+    led = rows.first_lead_paraphrase is not None  # the lists compared are the served ones, lead included
+    query_row = 0 if rows.first_plain_paraphrase is not None else rows.plain_query
+    qlist = rows.served(ids, scores, query_row, rows.plain_query, rows.lead_query if led else None)[:kc]
     reports = []
     for j, text in enumerate(paraphrases):
         row = rows.first_paraphrase + j
         plain_row = row if rows.first_plain_paraphrase is None else rows.first_plain_paraphrase + j
-        plist = rows.served(ids, row, plain_row)[:kc]
+        lead_row = rows.first_lead_paraphrase + j if rows.first_lead_paraphrase is not None else None
+        plist = rows.served(ids, scores, row, plain_row, lead_row)[:kc]
         reports.append(ParaphraseReport(text=text, ids=plist, ao=average_overlap(qlist, plist, kc),
                                         js=jaccard_at_k(qlist, plist, kc)))
     mean_ao = float(np.mean([r.ao for r in reports]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from paraseek.core.bundle import BundleError
 from paraseek.core.encoder import GPU_PROVIDERS, Encoder, configured_providers
 from paraseek.core.settings import Settings
 from paraseek.index.store import SearchableSnapshot, SnapshotStore
@@ -19,11 +20,21 @@ class Active:
 
     encoder: Encoder
     snapshot: SearchableSnapshot
+    # PARASEEK_FIRST_ANSWER_BUNDLE: a second text tower of the same image space (a request's ``lead_margin``)
+    first_answer: Encoder | None = None
 
     @property
     def model_id(self) -> str:
-        e = self.encoder
-        return f"{e.name}:{e.version}:{e.precision}"
+        return encoder_id(self.encoder)
+
+    @property
+    def first_answer_id(self) -> str | None:
+        return encoder_id(self.first_answer) if self.first_answer is not None else None
+
+
+def encoder_id(e: Encoder) -> str:
+    """What an encoder's vectors are keyed by in the caches: bundle, version and precision."""
+    return f"{e.name}:{e.version}:{e.precision}"
 
 
 def encoder_workers(settings: Settings) -> int:
@@ -51,7 +62,7 @@ def text_sub_batch(encoder: Encoder, settings: Settings) -> int | None:
     return 3 if encoder.providers == ["CPUExecutionProvider"] else None
 
 
-def load_encoder(bundle, settings: Settings, precision: str | None = None) -> Encoder:
+def load_encoder(bundle, settings: Settings, precision: str | None = None, load_image: bool = True) -> Encoder:
     """Every encoder the service runs (startup, reload, reindex) is built here from the settings. Its
     intra-op threads default to the cores shared out among the encoder workers (2 cores, 2 workers:
     one each; two single-threaded calls side by side encode ~1.4x more than one call on two threads).
@@ -62,7 +73,7 @@ def load_encoder(bundle, settings: Settings, precision: str | None = None) -> En
     providers = configured_providers(settings.providers)
     solo = settings.encoder_solo and threads < cores and providers == ["CPUExecutionProvider"]
     return Encoder(bundle, precision=precision or settings.precision, providers=providers, threads=threads,
-                   solo_threads=cores if solo else None,
+                   solo_threads=cores if solo else None, load_image=load_image,
                    spin=settings.encoder_spin, memory_arena=False)
 
 
@@ -87,7 +98,26 @@ def load_snapshot(store: SnapshotStore, image_space: str, settings: Settings, ve
 
 def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str | None = None) -> Active:
     encoder = load_encoder(bundle, settings, precision)
-    return Active(encoder, load_snapshot(store, encoder.image_space, settings))
+    return Active(encoder, load_snapshot(store, encoder.image_space, settings), load_first_answer(settings, encoder))
+
+
+def load_first_answer(settings: Settings, encoder: Encoder) -> Encoder | None:
+    """The first-answer tower (PARASEEK_FIRST_ANSWER_BUNDLE), text only, refused unless it embeds into the
+    served encoder's image space (its first answers are searched in the same index)."""
+    if settings.first_answer_bundle is None:
+        return None
+    first = load_encoder(settings.first_answer_bundle, settings, load_image=False)
+    if first.image_space != encoder.image_space:
+        raise BundleError(f"PARASEEK_FIRST_ANSWER_BUNDLE {settings.first_answer_bundle} embeds into image space "
+                          f"{first.image_space!r}, not the served bundle's {encoder.image_space!r}")
+    return first
+
+
+def first_answer_for(previous: Active | None, encoder: Encoder) -> Encoder | None:
+    """The first-answer tower a new encoder keeps from what served before it: the same one while the image
+    space stays (a reindex with a bundle of another space serves without it until the next start)."""
+    first = previous.first_answer if previous is not None else None
+    return first if first is not None and first.image_space == encoder.image_space else None
 
 
 def validate_snapshot(active: Active) -> None:

@@ -97,6 +97,10 @@ class Expansion(StrictModel):
     keep_within: StrictInt = Field(
         0, ge=0, le=100, description="keep_first keeps only those of the query's first results that the expanded "
         "list ranks within its first keep_within (0: always)")
+    lead_margin: Annotated[float, Strict(), Field(ge=0, le=2)] | None = Field(
+        None, description="the server's first-answer tower (PARASEEK_FIRST_ANSWER_BUNDLE, a plainer and more precise "
+        "one) puts its first answer on top where it is sure of it: its first image's score above its second's by more "
+        "than this (a rephrasing keeps such answers, so the first answer gains and the list stays steady); null: never")
 
     @field_validator("n")
     @classmethod

@@ -31,3 +31,14 @@ def whole_photo_bank(starter_encoder, tmp_path_factory):
     from tests.conftest import small_caption_bank
 
     return small_caption_bank(starter_encoder, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def whole_photo_robust_bundle(tmp_path_factory) -> Path:
+    """The robust starter over the same whole-photo image side: a second text tower of the served image
+    space (a first-answer bundle, ``PARASEEK_FIRST_ANSWER_BUNDLE``) whose answers differ from the plain one's."""
+    from paraseek.training.export.starter import ROBUST_LAYERS, build_starter
+    from tests.conftest import built_once
+
+    return built_once(tmp_path_factory, "starter-robust-whole-photo",
+                      lambda out: build_starter(out, int8=True, crop_grid=0, tuned_layers=ROBUST_LAYERS))

@@ -12,7 +12,7 @@ from paraseek.service.deps import get_engine, get_jobs, get_settings, require_ad
 from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError, StaleSwap
 from paraseek.service.jobs import JobManager
-from paraseek.service.runtime import Active, load_encoder
+from paraseek.service.runtime import Active, first_answer_for, load_encoder
 from paraseek.service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
@@ -88,7 +88,7 @@ async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine),
             "bundle", f"bundle image_space {encoder.image_space!r} does not match the snapshot's "
             f"{active.snapshot.manifest.image_space!r}: reindex with this bundle instead", status=409)
     try:
-        engine.swap(Active(encoder, active.snapshot), replaces=active)
+        engine.swap(Active(encoder, active.snapshot, first_answer_for(active, encoder)), replaces=active)
     except StaleSwap as exc:
         raise RequestError("bundle", str(exc), status=409) from exc
     return {"bundle": encoder.name, "version": encoder.version, "precision": encoder.precision}

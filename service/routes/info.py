@@ -21,6 +21,9 @@ async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
     return {
         "bundle": {"name": e.name, "version": e.version, "image_space": e.image_space, "precision": e.precision,
                    "dim": e.dim, "providers": e.providers},
+        # PARASEEK_FIRST_ANSWER_BUNDLE: the tower whose sure first answers a request's lead_margin puts on top
+        "first_answer": ({"name": f.name, "version": f.version, "precision": f.precision}
+                         if (f := active.first_answer) is not None else None),
         "snapshot": {"version": m.version, "created_at": m.created_at, "count": m.count, "index": m.index.model_dump(),
                      "recall_at_10": m.recall_at_10, "device": active.snapshot.device, "backend": m.backend,
                      "user_fields": active.snapshot.user_fields,

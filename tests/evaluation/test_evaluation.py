@@ -12,7 +12,7 @@ from paraseek.core.errors import UserError
 from paraseek.evaluation import perturb
 from paraseek.evaluation.data import DataError, held_out_texts, read_pairs, read_sts, without_held_out
 from paraseek.evaluation.retrieval import cross_modal_recall
-from paraseek.paraphrase.expansions import KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
 
 
 def test_reproduces_real_clip_recall(shared_data):
@@ -46,6 +46,22 @@ def test_recall_with_keep_first_ranks_as_the_served_list():
     kept = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain, keep=KeepFirst(1))
     assert kept["t2i_r1"] == pytest.approx(100.0)
     assert kept["i2t_r1"] == cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["i2t_r1"]
+
+
+def test_recall_with_a_confident_lead_ranks_as_the_served_list():
+    """Caption 0's list leads with image 30; the lead tower is sure of image 10 (margin 0.8), so 10 leads.
+    Caption 1's lead tower prefers 10 by only 0.05: below the margin, its list stays as it was."""
+    images = np.eye(3, dtype=np.float32)
+    expanded = np.array([[0.2, 0, 1], [0.1, 1, 0.5]], np.float32)
+    lead_vecs = np.array([[1, 0, 0.2], [0.5, 0.45, 0]], np.float32)
+    led = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1, 2), lead_text_vecs=lead_vecs,
+                             lead=ConfidentLead(0.1))
+    assert (led["t2i_r1"], led["t2i_r2"]) == pytest.approx((100.0, 100.0))
+    everywhere = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), lead_text_vecs=lead_vecs,
+                                    lead=ConfidentLead(0.01))
+    assert everywhere["t2i_r1"] == pytest.approx(50.0)  # now caption 1's lead (image 10, not its own) leads too
+    assert cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), lead_text_vecs=lead_vecs)["t2i_r1"] == \
+        pytest.approx(50.0)  # no margin: no lead
 
 
 def test_sts_of_starter_text_tower(starter_encoder, shared_data):
@@ -176,13 +192,27 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
     with pytest.raises(UserError, match="keepKinW"):
         parse_expansion("bank:5:keepx", enc, snap, bank=bank.path)
 
+    # :leadM with the same tower as the first-answer one: margin 0 is keep_first 1 (no ties here), 2 never leads
+    led = parse_expansion("bank:5:keep1in4:lead0.03", enc, snap, bank=bank.path, first_answer=enc)
+    assert (led.label, led.keep, led.lead) == ("bank5-mean-keep1in4-lead0.03", KeepFirst(1, 4), ConfidentLead(0.03))
+    always, never = (parse_expansion(f"bank:5:lead{m}", enc, snap, bank=bank.path, first_answer=enc) for m in (0, 2))
+    assert evaluate_pairs(enc, snap, pairs, k=10, expand=always.expand, lead=always.lead, lead_encoder=enc,
+                          progress=False).lists == served.lists
+    assert evaluate_pairs(enc, snap, pairs, k=10, expand=never.expand, lead=never.lead, lead_encoder=enc,
+                          progress=False).lists == res.lists
+    for bad, message in (("bank:5:lead0.1", "first-answer-bundle"), ("bank:5:leadx", "leadM"), ("bank:5:lead3", "leadM")):
+        with pytest.raises(UserError, match=message):
+            parse_expansion(bad, enc, snap, bank=bank.path)
+
     r = CliRunner().invoke(app, [
         "eval", "compare", "--model", f"starter={starter_bundle}@{tmp_path / 'snap'}", "--pairs",
         str(shared_data / "paraphrase/cxc_dev_pairs.tsv"), "--expansion", "bank:5", "--expansion", "prf:3",
-        "--bank", str(bank.path), "--out", str(tmp_path / "cmp")])
+        "--bank", str(bank.path), "--out", str(tmp_path / "cmp"), "--expansion", "bank:5:keep1:lead0",
+        "--first-answer-bundle", str(starter_bundle)])
     assert r.exit_code == 0, r.output
     table = json.loads((tmp_path / "cmp/results.json").read_text())
-    assert [row["model"] for row in table] == ["starter", "starter + bank5-mean", "starter + prf3-a1-b1"]
+    assert [row["model"] for row in table] == ["starter", "starter + bank5-mean", "starter + prf3-a1-b1",
+                                               "starter + bank5-mean-keep1-lead0"]
     assert all(0 < row["distinct images in top-10"] <= 80 and "T2I R@10" in row for row in table)
     r = CliRunner().invoke(app, ["eval", "paraphrase", "--pairs", str(shared_data / "paraphrase/cxc_dev_pairs.tsv"),
                                  "--snapshot", str(tmp_path / "snap"), "--bundle", str(starter_bundle),
@@ -195,3 +225,11 @@ def test_held_out_texts_are_matched_whatever_their_case_and_spaces(tmp_path):
     held = held_out_texts([tmp_path / "pairs.tsv"])
     assert held == {"a dog on a sofa", "a puppy"}
     assert without_held_out(["a dog on a sofa ", "A PUPPY", "a bus", "a puppy on a couch"], held) == ["a bus", "a puppy on a couch"]
+
+
+def test_a_first_answer_tower_of_another_image_space_is_refused(starter_encoder, tiny_clip):
+    from paraseek.core.encoder import Encoder
+    from paraseek.evaluation.expansion import parse_expansion
+
+    with pytest.raises(UserError, match="image space"):
+        parse_expansion("bank:5:lead0.03", starter_encoder, None, first_answer=Encoder(tiny_clip[0]))

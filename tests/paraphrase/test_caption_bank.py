@@ -232,3 +232,17 @@ def test_the_configured_bank_is_the_setting_else_the_bundles_default_bank(tmp_pa
     assert configured_bank_dir(Settings(home=tmp_path), bundle) == bank_dir(tmp_path, bundle) \
         == tmp_path / "caption-banks" / "paraseek-starter-v3"
     assert configured_bank_dir(Settings(home=tmp_path, caption_bank=tmp_path / "mine"), bundle) == tmp_path / "mine"
+
+
+def test_confident_lead_puts_the_second_towers_first_answer_on_top_only_past_its_margin():
+    from paraseek.paraphrase.expansions import ConfidentLead
+
+    served = [3, 5, 7, 1]
+    assert ConfidentLead(0.05).serve(served, [7, 9], [0.60, 0.50]) == [7, 3, 5, 1]  # sure (0.10 > 0.05): no repeat
+    assert ConfidentLead(0.05).serve(served, [9, 7], [0.60, 0.50]) == [9, 3, 5, 7, 1]  # its answer need not be served
+    assert ConfidentLead(0.05).serve(served, [7, 9], [0.60, 0.58]) == served  # unsure: the list as it was
+    assert ConfidentLead(0.05).serve(served, [7, 9], [0.60, 0.55]) == served  # a margin of exactly 0.05 is not past it
+    assert ConfidentLead(0.05).serve(served, [7, -1], [0.60, -3.4e38]) == [7, 3, 5, 1]  # the only image found
+    assert ConfidentLead(0.05).serve(served, [-1, -1], [0.0, 0.0]) == served  # nothing found: nothing leads
+    assert ConfidentLead().serve(served, [7, 9], [0.9, 0.1]) == served and not ConfidentLead()
+    assert ConfidentLead(0.035).label == "lead0.035" and ConfidentLead(0.0).label == "lead0" and ConfidentLead(0.0)

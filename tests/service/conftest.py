@@ -18,7 +18,12 @@ from fastapi.testclient import TestClient
 
 from paraseek.loadtests.net import free_port, wait_listening
 from tests.conftest import MILVUS_SERVER
-from tests.whole_photo_starter import whole_photo_bank, whole_photo_bundle, whole_photo_encoder  # noqa: F401  (fixtures)
+from tests.whole_photo_starter import (  # noqa: F401  (fixtures)
+    whole_photo_bank,
+    whole_photo_bundle,
+    whole_photo_encoder,
+    whole_photo_robust_bundle,
+)
 from paraseek.loadtests.server import ServerNotReady, start_server
 from paraseek.index.demo import build_demo_snapshot
 

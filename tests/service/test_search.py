@@ -627,6 +627,79 @@ def test_keep_first_leads_with_the_plain_query_results_then_the_expanded_order(m
     assert any(differs)  # the queries tell keep_within from keeping always
 
 
+def test_lead_margin_puts_the_first_answer_towers_sure_answer_on_top(make_settings, starter_bank, direct,
+                                                                    whole_photo_robust_bundle):
+    """lead_margin: where the first-answer tower (another tower of the served image space) scores its first
+    image above its second by more than the margin, that image leads the list the request would get
+    otherwise, with that tower's score; elsewhere the list is unchanged. The consistency report compares
+    the lists as served; a server without such a tower refuses the field."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
+    from paraseek.service.main import create_app
+
+    enc, snap = direct
+    lead_enc = Encoder(whole_photo_robust_bundle)
+    margin = 0.02
+
+    def served(text, keep):
+        v = enc.encode_text([text])[0]
+        top = np.argsort(-(starter_bank.vectors @ v))[:6]
+        e = (v + starter_bank.vectors[top].sum(axis=0)) / 7
+        exp_scores, exp_ids = snap.search_ids((e / np.linalg.norm(e))[None], 20)
+        plain_scores, plain_ids = snap.search_ids(v[None], 1)
+        score = dict(zip(exp_ids[0].tolist(), exp_scores[0].tolist()))
+        if keep:  # a kept first answer shows the plain query's score
+            score[int(plain_ids[0][0])] = float(plain_scores[0][0])
+        kept = keep.serve(plain_ids[0], exp_ids[0])
+        lead_scores, lead_ids = snap.search_ids(lead_enc.encode_text([text]), 2)
+        led = ConfidentLead(margin).leads(lead_ids[0], lead_scores[0])
+        if led:
+            score[int(lead_ids[0][0])] = float(lead_scores[0][0])
+        listed = ConfidentLead(margin).serve(kept, lead_ids[0], lead_scores[0])
+        return [(i, score[i]) for i in listed], led, listed[:10] != kept[:10]
+
+    queries = ["a dog lying on a couch", "a puppy resting on a sofa", "a boat on the water", "a pizza with cheese",
+               "a train at a station", "a kitchen", "a giraffe eating leaves", "two cats on a bed"]
+    expansion = {"method": "bank", "n": 6, "lead_margin": margin}
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path,
+                                             first_answer_bundle=whole_photo_robust_bundle))) as c:
+        answers = {(q, keep): c.post("/v1/search", json={"query": q, "k": 10, "expansion": {**expansion, "keep_first": keep}})
+                   .json() for q in queries for keep in (0, 1)}
+        report = c.post("/v1/search", json={"query": queries[0], "k": 10, "expansion": expansion,
+                                            "consistency": {"paraphrases": [queries[1]], "k": 10}}).json()["consistency"]
+        info = c.get("/v1/info").json()
+        for bad in (-0.1, "0.1", 3):
+            assert_error_names(c.post("/v1/search", json={"query": "x", "expansion": {**expansion, "lead_margin": bad}}),
+                               ["body", "expansion", "lead_margin"])
+    led, changed = [], []
+    for (q, keep), body in answers.items():
+        want, did_lead, did_change = served(q, KeepFirst(keep))
+        assert [x["id"] for x in body["results"]] == [i for i, _ in want[:10]], (q, keep)
+        assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in want[:10]], abs=1e-4)
+        led.append(did_lead)
+        changed.append(did_change)
+    assert any(changed) and not all(led)  # the queries tell a lead from none, and a lead that moves the list
+    assert report["ids"] == [i for i, _ in served(queries[0], KeepFirst())[0][:10]]
+    assert report["paraphrases"][0]["ids"] == [i for i, _ in served(queries[1], KeepFirst())[0][:10]]
+    assert info["first_answer"]["name"] == "paraseek-starter-robust"
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:  # no first-answer tower here
+        assert_error_names(c.post("/v1/search", json={"query": "x", "expansion": expansion}),
+                           ["body", "expansion", "lead_margin"], status=400)
+        assert c.get("/v1/info").json()["first_answer"] is None
+
+
+def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_settings, tiny_clip):
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    app = create_app(make_settings(first_answer_bundle=tiny_clip[0]))
+    with TestClient(app) as c:
+        assert c.get("/readyz").status_code == 503
+    assert app.state.engine.load_error.startswith("BundleError")
+
+
 def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
     for body, loc in (({"query": "x", "k": "5"}, ["body", "k"]), ({"query": "x", "k": True}, ["body", "k"]),
                       ({"terms": [{"text": "a dog", "weight": False}]}, ["body", "terms", 0, "weight"]),
