@@ -4,8 +4,9 @@ expansion (30 neighbours), and with bank expansion below the query's own first a
 ``keep_within``), and 64 neighbours over three or two mean-shift rounds (``rounds``) below the first answer
 (three: the robust default), and the bank's query head (``head``) below the first answer (within 7, or
 always: the plain starter's default), half its move without a keep rule (``blend``), and with one round of
-64 (``paraseek models train-head``). Rounds alternate the configurations so a drift of the machine hits all
-of them alike; medians over the rounds.
+64 (``paraseek models train-head``), and the robust default with the first-answer bundle's sure answers on
+top (``lead_margin``: one more text-tower pass; only where the server has a first-answer bundle). Rounds
+alternate the configurations so a drift of the machine hits all of them alike; medians over the rounds.
 
     python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3] [--starter plain]
 """
@@ -19,6 +20,7 @@ import statistics
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, start_paraseek
 from paraseek.loadtests.machine import cpu_description
@@ -26,12 +28,14 @@ from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import stop_server
 
 BANK = {"method": "bank", "n": 30}
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"method": "none"},
     "bank30": BANK,
     "bank30 keep_first 1": {**BANK, "keep_first": 1},
     "bank30 keep 1 within 5": {**BANK, "keep_first": 1, "keep_within": 5},
     "bank64 x3 keep 1 in 7": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7},
+    "bank64 x3 in 7 + lead": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7,
+                              "lead_margin": 0.035},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
     "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
     "head keep_first 1": {"method": "head", "rounds": 0, "keep_first": 1},
@@ -56,10 +60,12 @@ def main(argv=None) -> int:
     results: dict[tuple[str, int], list[dict]] = {}
     try:
         with urllib.request.urlopen(f"{url}/v1/info", timeout=30) as r:
-            served = json.load(r)["bundle"]  # what the server embedded, named in the report
+            info = json.load(r)
+        served, first_answer = info["bundle"], info["first_answer"]  # what the server embedded, named in the report
+        configs = {name: e for name, e in CONFIGS.items() if first_answer is not None or "lead_margin" not in e}
         for round_ in range(args.rounds):
             for conc in args.concurrency:
-                for index, (name, expansion) in enumerate(CONFIGS.items()):
+                for index, (name, expansion) in enumerate(configs.items()):
                     # distinct texts per row: no request is a cache hit
                     offset = ((round_ * len(args.concurrency) + conc) * len(CONFIGS) + index) * 1_000_000
 
@@ -70,13 +76,15 @@ def main(argv=None) -> int:
     finally:
         stop_server(proc, 10)
 
-    print(f"\nexpansion cost: the embedded default ({served['name']} v{served['version']}, {served['precision']}) over "
-          f"the demo gallery, {args.rounds} rounds x {args.seconds:.0f} s, loopback; {cpu_description()}")
+    lead = (f"first-answer bundle {first_answer['name']} v{first_answer['version']}, {first_answer['precision']}"
+            if first_answer is not None else "no first-answer bundle: the lead row is left out")
+    print(f"\nexpansion cost: the embedded default ({served['name']} v{served['version']}, {served['precision']}; {lead}) "
+          f"over the demo gallery, {args.rounds} rounds x {args.seconds:.0f} s, loopback; {cpu_description()}")
     print(f"{'expansion':24} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / bank30':>13} {'fail':>5}")
     failures = 0
     for conc in args.concurrency:
         base = statistics.median(r["p50"] for r in results[("bank30", conc)])
-        for name in CONFIGS:
+        for name in configs:
             rows = results[(name, conc)]
             p50 = statistics.median(r["p50"] for r in rows)
             p99 = statistics.median(r["p99"] for r in rows)

@@ -52,8 +52,8 @@ for _name, _main, _help in (
      "shards (--count, --shards)."),
     ("large", bench_large.main, "10M vectors built with the defaults and served memory-mapped: build time, disk, peak memory; "
      "the server's private and file-backed memory, cold first query, recall, p50/p99 at concurrency 1 and 32 (--count, --work)."),
-    ("expansion", bench_expansion.main, "What bank expansion, keep_first and the query head cost per request on the embedded "
-     "default (--seconds, --rounds, --starter plain)."),
+    ("expansion", bench_expansion.main, "What bank expansion, keep_first, the query head and the first-answer lead cost per "
+     "request on the embedded default (--seconds, --rounds, --starter plain)."),
     ("filters", bench_filters.main, "Filtered ANN search: first-search cost of a new filter, then p50 with a bitmap vs a "
      "hash-set id selector (--size, --snapshot)."),
     ("blas", bench_blas_kernel.main, "faiss' OpenBLAS kernel side by side (OpenBLAS's own choice vs paraseek's): merged "

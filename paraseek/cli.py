@@ -21,7 +21,7 @@ from paraseek.index.snapshot import Snapshot
 from paraseek.loadtests.cli import app as bench_app
 from paraseek.service.main import run as run_service
 from paraseek.training.cli import models_app, train_cmd
-from paraseek.training.embedded import ensure_embedded_default, with_default_expansion
+from paraseek.training.embedded import ensure_embedded_default, with_embedded_defaults
 
 app = typer.Typer(help="paraseek: text-to-image search whose answers stay the same when a user rephrases the query.",
                   no_args_is_help=True, add_completion=False)
@@ -54,7 +54,7 @@ def serve_cmd(
     settings = Settings()
     if settings.embedded_default:
         ensure_embedded_default(settings)
-        settings = with_default_expansion(settings)
+        settings = with_embedded_defaults(settings)
     run_service(host=host, port=port, settings=settings)
 
 

@@ -459,31 +459,34 @@ class SearchEngine:
         # announced to the index stage from encoding until its rows get there: a search that would
         # start alone waits for them instead (an exact scan costs nearly the same for one row as for many)
         with self.index_batcher.expect() as expected, self._at_encoder_or_past_it():
-            if lead_of(req) and active.first_answer is not None and texts.query is not None:
-                # the first-answer tower's call alongside the served one's (each batched with its own kind)
-                (embedded, truncated), (lead_vectors, _) = await asyncio.gather(
-                    self.embed(active, texts.all()),
-                    self.embed(active, [texts.query, *texts.paraphrases], active.first_answer))
-            else:
-                (embedded, truncated), lead_vectors = await self.embed(active, texts.all()), None
+            embedded, truncated = await self.embed(active, texts.all())
             t_embedded = time.perf_counter()
             vectors = query_vectors(req, texts, embedded)
-            if lead_vectors is not None:
-                vectors.lead_query, vectors.lead_paraphrases = lead_vectors[0], lead_vectors[1:]
-            expanded: np.ndarray | None = None
-            neighbour_texts: list[str] = []
-            method = vector_expansion(req)
-            if method is not None and req.expansion is not None and vectors.query is not None:
-                # the paraphrases of a consistency report go through the same expansion as the query, so the
-                # report measures what is served
-                expected.release()  # its own index lookup goes first: nothing may wait for this request meanwhile
-                lookups = BatchedLookups(self.expansion_sources, active, view, self.index_batcher)
-                try:
-                    batch, neighbour_texts = await method.expand(np.vstack([vectors.query[None], vectors.paraphrases]),
-                                                                 req.expansion.params(), lookups)
-                except CaptionBankError as exc:  # e.g. a bank without the head the request names
-                    raise RequestError("expansion.method", str(exc), status=400) from exc
-                expanded, vectors.plain_paraphrases, vectors.paraphrases = batch[0], vectors.paraphrases, batch[1:]
+            # the first-answer tower's call runs while the expansion's bank lookups do (not beside the served
+            # tower's: both at once share the cores, and the second waits for the first's batch to finish)
+            lead_call = (asyncio.ensure_future(self.embed(active, [texts.query, *texts.paraphrases], active.first_answer))
+                         if lead_of(req) and active.first_answer is not None and texts.query is not None else None)
+            try:
+                expanded: np.ndarray | None = None
+                neighbour_texts: list[str] = []
+                method = vector_expansion(req)
+                if method is not None and req.expansion is not None and vectors.query is not None:
+                    # the paraphrases of a consistency report go through the same expansion as the query, so the
+                    # report measures what is served
+                    expected.release()  # its own index lookup goes first: nothing may wait for this request meanwhile
+                    lookups = BatchedLookups(self.expansion_sources, active, view, self.index_batcher)
+                    try:
+                        batch, neighbour_texts = await method.expand(
+                            np.vstack([vectors.query[None], vectors.paraphrases]), req.expansion.params(), lookups)
+                    except CaptionBankError as exc:  # e.g. a bank without the head the request names
+                        raise RequestError("expansion.method", str(exc), status=400) from exc
+                    expanded, vectors.plain_paraphrases, vectors.paraphrases = batch[0], vectors.paraphrases, batch[1:]
+                if lead_call is not None:
+                    lead_vectors, _ = await lead_call
+                    vectors.lead_query, vectors.lead_paraphrases = lead_vectors[0], lead_vectors[1:]
+            finally:
+                if lead_call is not None and not lead_call.done():
+                    lead_call.cancel()
             t_enc = time.perf_counter()
             rows = plan_rows(req, vectors, expanded, compare_expanded=expanded is not None)
             scores, ids = await self.index_batcher.submit(view, (rows.matrix, k), expected=expected)

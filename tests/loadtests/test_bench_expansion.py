@@ -18,12 +18,14 @@ def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starte
     bank = bank_dir(home, read_manifest(starter_bundle, verify=False))
     shutil.copytree(starter_bank.path, bank)
     CaptionBank.read(bank).with_head(random_head(dim=starter_bank.manifest.dim, hidden=16, scale=0.1))
+    monkeypatch.setenv("PARASEEK_FIRST_ANSWER_BUNDLE", str(home / "bundles" / "starter"))  # the lead row runs too
     code = bench_expansion.main(["--data", str(shared_data), "--home", str(home), "--seconds", "0.5", "--rounds", "1",
                                  "--concurrency", "1", "2", "--starter", "plain"])
     out = capsys.readouterr().out
     assert code == 0, out  # no request failed
     assert "the embedded default (paraseek-starter v" in out  # the plain starter served, as asked
+    assert "first-answer bundle paraseek-starter v" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "head"))]
-    assert len(rows) == 20  # ten configurations at two concurrencies
+    assert len(rows) == 22  # eleven configurations at two concurrencies
     bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
     assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row

@@ -957,14 +957,16 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
 
 
-@pytest.mark.parametrize("starter, head, method, n, rounds, within", [
-    ("robust", False, "bank", 64, 3, 7), ("robust", True, "bank", 64, 3, 7),
-    ("plain", True, "head", 3, 0, 0), ("plain", False, "bank", 30, 1, 0)])
-def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, make_settings,
-                                                               starter_bank, tmp_path):
+@pytest.mark.parametrize("starter, head, method, n, rounds, within, lead", [
+    ("robust", False, "bank", 64, 3, 7, False), ("robust", True, "bank", 64, 3, 7, False),
+    ("robust", False, "bank", 64, 3, 7, True),
+    ("plain", True, "head", 3, 0, 0, False), ("plain", False, "bank", 30, 1, 0, False)])
+def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, lead,
+                                                               make_settings, starter_bank, starter_bundle, tmp_path):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the
     server applies it when a request names none. The plain starter's is its bank's head, where the bank
-    has one (the default bank gets the shipped one), else one round of 30 bank captions."""
+    has one (the default bank gets the shipped one), else one round of 30 bank captions. The robust
+    starter's takes the plain starter's sure first answers (lead_margin) where the plain starter is built."""
     import shutil
 
     from fastapi.testclient import TestClient
@@ -972,7 +974,7 @@ def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, me
     from paraseek.paraphrase.caption_bank import CaptionBank
     from paraseek.service.main import create_app
     from paraseek.service.schemas import Expansion
-    from paraseek.training.embedded import with_default_expansion
+    from paraseek.training.embedded import with_embedded_defaults
     from tests.paraphrase.test_query_head import random_head
 
     bank = starter_bank.path
@@ -980,10 +982,15 @@ def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, me
         bank = tmp_path / "bank"
         shutil.copytree(starter_bank.path, bank)
         CaptionBank.read(bank).with_head(random_head(dim=starter_bank.manifest.dim, hidden=16, scale=0.1))
-    settings = with_default_expansion(make_settings(starter=starter, caption_bank=bank))
+    settings = make_settings(starter=starter, caption_bank=bank)
+    if lead:  # a first start built the plain starter beside the robust one
+        shutil.copytree(starter_bundle, settings.plain_starter_bundle_dir)
+    settings = with_embedded_defaults(settings)
     expansion = Expansion.model_validate_json(settings.default_expansion)
     assert (expansion.method, expansion.n, expansion.rounds, expansion.keep_first, expansion.keep_within) == \
         (method, n, rounds, 1, within)
+    assert (expansion.lead_margin, settings.first_answer_bundle) == \
+        ((0.035, settings.plain_starter_bundle_dir) if lead else (None, None))
     with TestClient(create_app(settings)) as c:
         default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
         explicit = c.post("/v1/search", json={"query": "a kitchen with a stove",

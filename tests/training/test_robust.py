@@ -91,8 +91,8 @@ def test_short_run_brings_paraphrases_closer(starter_bundle, shared_data, tmp_pa
 @pytest.fixture(scope="module")
 def embedded_home(tmp_path_factory) -> Path:
     """A PARASEEK_HOME where the embedded default was built as a first start builds it (the robust
-    starter from the shipped tuned layers, then the demo snapshot; no bank). Both tests below read the
-    one build: building the robust starter takes about a minute here."""
+    starter from the shipped tuned layers with the plain starter beside it, its first-answer bundle, then
+    the demo snapshot; no bank). The tests below read the one build: it takes about a minute here."""
     from paraseek.core.settings import Settings
     from paraseek.training.embedded import ensure_embedded_default
 
@@ -118,6 +118,11 @@ def test_shipped_layers_build_the_robust_starter(starter_bundle, embedded_home):
 
     photo = [Image.open(next(GALLERY_DIR.glob("*.jpg"))).convert("RGB")]
     np.testing.assert_allclose(tuned.encode_images(photo), plain.encode_images(photo), atol=1e-5)  # same image tower
+    # the plain starter, written by the same build as the robust one's first-answer bundle, is the plain starter
+    beside = embedded_home / "bundles/starter"
+    assert read_manifest(beside).name == "paraseek-starter" and read_manifest(beside).text_int8 is not None
+    assert (beside / "image.onnx").read_bytes() == (robust_bundle / "image.onnx").read_bytes()
+    np.testing.assert_allclose(Encoder(beside).encode_text(texts), plain.encode_text(texts), atol=1e-5)
 
 
 def test_embedded_default_serves_the_robust_starter(embedded_home, monkeypatch):
@@ -257,15 +262,16 @@ def test_a_starter_of_an_older_release_is_rebuilt_with_its_demo_index(embedded_h
     current = read_manifest(embedded_home / "bundles/starter-robust", verify=False)
     built = []
 
-    def build_starter(out, tuned_layers=None):  # the real build is test_shipped_layers_build_the_robust_starter's
-        built.append((Path(out), tuned_layers))
+    def build_starter(out, tuned_layers=None, plain_out=None):  # the real build is test_shipped_layers_build_the_robust_starter's
+        built.append((Path(out), tuned_layers, plain_out))
         write_manifest(out, current)
 
     monkeypatch.setattr(starter, "build_starter", build_starter)
     settings = Settings(home=home)
     index_before = current_version(settings.snapshot_root)
     ensure_embedded_default(settings, progress=False, with_bank=False)
-    assert built == [(bundle, starter.ROBUST_LAYERS)] and read_manifest(bundle).version == STARTER_VERSION
+    assert built == [(bundle, starter.ROBUST_LAYERS, home / "bundles/starter")]  # the first-answer bundle with it
+    assert read_manifest(bundle).version == STARTER_VERSION
     assert current_version(settings.snapshot_root) != index_before  # the demo index follows the new image side
     ensure_embedded_default(settings, progress=False, with_bank=False)
     assert len(built) == 1  # a bundle of this release is left as it is
@@ -285,6 +291,42 @@ def test_an_older_starter_serves_as_it_is_where_torch_is_missing(embedded_home, 
     assert ensure_embedded_default(settings, progress=False, with_bank=False) == (bundle, settings.snapshot_root)
     assert read_manifest(bundle).version == "1" and current_version(settings.snapshot_root) == index_before
     assert "torch is not installed here to rebuild it: serving v1 as it is" in caplog.text
+
+
+def test_a_robust_starter_without_its_first_answer_bundle_gets_it_next_start(embedded_home, tmp_path, monkeypatch,
+                                                                             caplog):
+    """A home built before the robust starter came with the plain one beside it: the next start builds the
+    plain starter alone, and the embedded default then leads with it; without torch it serves as before."""
+    import shutil
+    import sys
+
+    from paraseek.core.settings import Settings
+    from paraseek.training.embedded import ensure_embedded_default, with_embedded_defaults
+    from paraseek.training.export import starter
+
+    home = tmp_path / "home"
+    shutil.copytree(embedded_home, home, ignore=shutil.ignore_patterns("milvus"))
+    shutil.rmtree(home / "bundles/starter")
+    monkeypatch.setitem(sys.modules, "paraseek.training.export.starter", None)  # no torch: no lead, as before
+    ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
+    assert "serves without lead_margin" in caplog.text and not (home / "bundles/starter").exists()
+    unled = with_embedded_defaults(Settings(home=home))
+    assert unled.first_answer_bundle is None and "lead_margin" not in unled.default_expansion
+    monkeypatch.setitem(sys.modules, "paraseek.training.export.starter", starter)
+    built = []
+
+    def build_starter(out, tuned_layers=None, plain_out=None):  # the real build is embedded_home's
+        built.append((Path(out), tuned_layers, plain_out))
+        shutil.copytree(embedded_home / "bundles/starter", out)
+
+    monkeypatch.setattr(starter, "build_starter", build_starter)
+    ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
+    assert built == [(home / "bundles/starter", None, None)]  # the plain starter alone; the robust one stays
+    led = with_embedded_defaults(Settings(home=home))
+    assert led.first_answer_bundle == home / "bundles/starter" and '"lead_margin": 0.035' in led.default_expansion
+    assert with_embedded_defaults(Settings(home=home, starter="plain")).first_answer_bundle is None
+    ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
+    assert len(built) == 1  # built once
 
 
 def test_train_flags_need_robust(tmp_path):
