@@ -238,6 +238,27 @@ def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(t
     targets = robust_bank.head(robust_bank.vectors, 0.5)
     before = np.mean(np.sum(frozen_bank.vectors * targets, 1))
     assert np.mean(np.sum(frozen_bank.head(frozen_bank.vectors) * targets, 1)) > before
+    # and the frozen tower as the trained one's first-answer bundle (`lead_margin`): one image space, one index
+    from paraseek.index.builder import build_snapshot
+
+    build_snapshot(shared_data / "coco-mini/captions_train2017.json", Encoder(trained), tmp_path / "snap", progress=False)
+    pairs = (shared_data / "paraphrase/cxc_dev_pairs.tsv").read_text().splitlines()[:21]
+    (tmp_path / "pairs.tsv").write_text("\n".join(pairs) + "\n")
+    r = CliRunner().invoke(app, ["eval", "paraphrase", "--pairs", str(tmp_path / "pairs.tsv"), "--snapshot", str(tmp_path / "snap"),
+                                 "--bundle", str(trained), "--bank", str(tmp_path / "robust"), "--first-answer-bundle",
+                                 str(bundle), "--expansion", "bank:4", "--expansion", "bank:4:lead0", "--out", str(tmp_path / "lead")])
+    assert r.exit_code == 0, r.output
+    import csv
+
+    from paraseek.evaluation.data import read_pairs
+    from paraseek.index.snapshot import Snapshot
+
+    with open(tmp_path / "lead/pairs.csv") as f:
+        rows = list(csv.DictReader(f))
+    led, unled = ([int(row[f"{label}_top10_1"].split()[0]) for row in rows] for label in ("bank4-mean-lead0", "bank4-mean"))
+    queries = [a for a, _ in read_pairs(tmp_path / "pairs.tsv")]
+    _, frozen_first = Snapshot.load(tmp_path / "snap").search_ids(frozen.encode_text(queries), 1)
+    assert led == frozen_first[:, 0].tolist() != unled  # margin 0: the frozen tower's first answer leads every list
 
     r = CliRunner().invoke(app, ["models", "build-bank", "--bundle", str(starter_bundle), "--captions",
                                  str(tmp_path / "mine.txt"), "--out", str(tmp_path / "starter-bank")])
