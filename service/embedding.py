@@ -9,6 +9,7 @@ import numpy as np
 
 from paraseek.core.encoder import Encoder
 from paraseek.service.cache import Cache
+from paraseek.service.runtime import encoder_id
 
 
 @dataclass
@@ -42,13 +43,13 @@ class CachedTexts:
         return np.stack([found[t] for t in self.texts]), [truncated[t] for t in self.texts]
 
 
-async def cached_texts(cache: Cache, encoder: Encoder, model_id: str, texts: list[str]) -> CachedTexts:
+async def cached_texts(cache: Cache, encoder: Encoder, texts: list[str]) -> CachedTexts:
     """Looks ``texts`` up by the fingerprints of their token ids (one tokenisation, which also tells
-    whether each was truncated) among ``encoder``'s vectors (cached under ``model_id``)."""
+    whether each was truncated) among ``encoder``'s cached vectors."""
     unique = list(dict.fromkeys(texts))
     keyed = encoder.tokenizer.fingerprints_and_truncation(unique) if cache.backend != "off" else []
     fingerprints = {t: f for t, (f, _) in zip(unique, keyed)}
-    found_vectors = await cache.get_embeddings(model_id, [fingerprints.get(t, "") for t in unique])
+    found_vectors = await cache.get_embeddings(encoder_id(encoder), [fingerprints.get(t, "") for t in unique])
     found = {t: v for t, v in zip(unique, found_vectors) if v is not None}
     return CachedTexts(texts, unique, found, [t for t in unique if t not in found], fingerprints,
                        {t: cut for t, (_, cut) in zip(unique, keyed)})
