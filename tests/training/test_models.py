@@ -23,3 +23,31 @@ def test_embed_batches_by_length_and_returns_rows_in_input_order():
     tower.embed(texts, batch_size=3)
     assert seen[0] == ["cat", "kids", "a dog"] and [len(b) for b in seen] == [3, 3, 1]
     assert tower.embed([], batch_size=3).shape[0] == 0
+
+
+def test_encode_runs_many_texts_in_chunks_of_similar_length_with_the_same_rows_and_gradients(tiny_clip):
+    """A training step's texts go through the tower in length-sorted chunks, each padded to its own longest:
+    the rows (and their gradients) are those of one pass padded to the longest of all, in input order."""
+    from tests.conftest import TINY_CLIP_CONFIG
+    from paraseek.training.models import OpenClipText
+
+    _, _, ckpt = tiny_clip
+    texts = ["a dog", "two people riding horses along a sandy beach at sunset near the water", "cat",
+             "a red bus", "a man holding an umbrella in the rain", "kids", "a plate of food with a fork and a knife"]
+    for tower in (OpenClipText("tiny-clip", str(ckpt), str(TINY_CLIP_CONFIG)), SentenceText(minilm_dir(), "test-space")):
+        tower.eval()
+        tower.encode_chunk = 0
+        whole = tower.encode(texts)
+        whole.sum().backward()
+        grads = {n: p.grad.clone() for n, p in tower.named_parameters() if p.grad is not None}
+        tower.zero_grad()
+        passes: list[list[str]] = []
+        original = tower._forward
+        tower._forward = lambda batch, seen=passes, run=original: seen.append(list(batch)) or run(batch)  # type: ignore[method-assign]
+        tower.encode_chunk = 3
+        chunked = tower.encode(texts)
+        assert [len(b) for b in passes] == [3, 3, 1] and passes[0] == ["cat", "kids", "a dog"]
+        torch.testing.assert_close(chunked, whole, atol=2e-5, rtol=1e-4)
+        chunked.sum().backward()
+        assert grads and all(torch.allclose(p.grad, grads[n], atol=1e-4) for n, p in tower.named_parameters() if n in grads)
+        assert len(tower.encode(texts[:3])) == 3 and len(passes) == 4  # no more than a chunk: one pass
