@@ -21,6 +21,7 @@ from paraseek.loadtests import (  # bench_encoder imports torch only when run
     bench_index,
     bench_large,
     bench_service,
+    bench_training,
     bench_vectors,
 )
 from paraseek.loadtests.load import run_load
@@ -60,6 +61,8 @@ for _name, _main, _help in (
      "flat searches and the service at concurrency 32 (--kernels, --rounds)."),
     ("service", bench_service.main, "End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off "
      "(options: --seconds; --bundle B --skip-demo serves a bundle of yours, on a GPU where onnxruntime has one)."),
+    ("training", bench_training.main, "A training recipe's step on this machine's GPU (or CPU): seconds a step, texts/s, "
+     "peak memory and the projected run at each batch size, and the run's one-off costs (--model, --batch-sizes)."),
     ("gpu", bench_gpu.main, "The text tower on each execution provider (CUDA, TensorRT, CPU) at each precision the "
      "bundle holds, and flat/IVF search on CPU and faiss' GPUs, side by side (--bundle, --sizes)."),
 ):
