@@ -70,6 +70,10 @@ class TextTower(nn.Module):
             out[rows] = vectors
         return out
 
+    def keep_token_ids(self, limit: int) -> None:
+        """Keep the token ids of up to ``limit`` texts between calls (0: tokenise every call), where this
+        tower's tokenizer is slow enough to be worth it."""
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         names = {n for n, p in self.named_parameters() if p.requires_grad}
         return {k: v for k, v in self.state_dict().items() if k in names}
@@ -86,6 +90,34 @@ class _HFTokenizer:
         enc = self.tok.encode_batch(list(texts))
         return {"input_ids": torch.tensor([e.ids for e in enc]),
                 "attention_mask": torch.tensor([e.attention_mask for e in enc])}
+
+
+class CachedClipTokenizer:
+    """open_clip's tokenizer with each text's token ids kept. Its cleaning and BPE run in Python, about
+    50 µs a caption: 0.3-0.5 s of a ~1 s ViT-B-32 step on an H200 at batch 1,024. A run tokenises every
+    training text once for its anchor targets and meets the same texts again at every step and epoch.
+    Past ``limit`` texts it tokenises without keeping, so a web-scale run's memory stays bounded."""
+
+    LIMIT = 4_000_000
+
+    def __init__(self, tokenizer, limit: int = LIMIT):
+        self.tokenizer = tokenizer
+        self.limit = limit
+        self.ids: dict[str, torch.Tensor] = {}
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        """Token ids of ``texts``, zero-padded to the longest real sequence among them."""
+        known = self.ids
+        missing = [t for t in dict.fromkeys(texts) if t not in known]
+        fresh: dict[str, torch.Tensor] = {}
+        if missing:
+            ids = self.tokenizer(missing)
+            for text, row, n in zip(missing, ids, (ids != 0).sum(1).tolist()):
+                fresh[text] = row[:n].clone()
+            if len(known) + len(fresh) <= self.limit:
+                known.update(fresh)
+        rows = [known[t] if t in known else fresh[t] for t in texts]
+        return nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0)
 
 
 class OpenClipText(TextTower):
@@ -113,12 +145,16 @@ class OpenClipText(TextTower):
                     p.requires_grad_(False)
             self.tower.token_embedding.weight.requires_grad_(False)
             self.tower.positional_embedding.requires_grad_(False)
-        self._tokenizer = open_clip.get_tokenizer(self.model_name)
+        self._tokenizer = CachedClipTokenizer(open_clip.get_tokenizer(self.model_name))
 
     def tokenize(self, texts):
-        ids = self._tokenizer(list(texts))
-        length = int((ids != 0).sum(1).max())  # causal tower: running at the longest real length is exact
-        return {"input_ids": ids[:, :length]}
+        # causal tower: running at the longest real length is exact
+        return {"input_ids": self._tokenizer(list(texts))}
+
+    def keep_token_ids(self, limit: int) -> None:
+        self._tokenizer.limit = limit
+        if not limit:
+            self._tokenizer.ids.clear()
 
     def forward(self, input_ids):
         return self.tower(input_ids)
@@ -216,6 +252,8 @@ class SentenceText(_HFTextTower):
 def frozen_copy(tower: TextTower) -> TextTower:
     """The tower as it was before training (anchor term, WiSE-FT)."""
     twin = copy.deepcopy(tower).eval()
+    if isinstance(tower, OpenClipText) and isinstance(twin, OpenClipText):
+        twin._tokenizer = tower._tokenizer  # one cache of token ids for both: the twin embeds the same texts
     for p in twin.parameters():
         p.requires_grad_(False)
     return twin

@@ -51,3 +51,31 @@ def test_encode_runs_many_texts_in_chunks_of_similar_length_with_the_same_rows_a
         chunked.sum().backward()
         assert grads and all(torch.allclose(p.grad, grads[n], atol=1e-4) for n, p in tower.named_parameters() if n in grads)
         assert len(tower.encode(texts[:3])) == 3 and len(passes) == 4  # no more than a chunk: one pass
+
+
+def test_an_open_clip_tower_keeps_each_texts_token_ids_and_shares_them_with_its_frozen_twin(tiny_clip):
+    """open_clip's tokenizer runs in Python (~50 µs a caption): a run's towers tokenise a text once, with the
+    ids and padding of the tokenizer itself; past the limit (or with 0) nothing more is kept."""
+    import open_clip
+
+    from paraseek.training.models import OpenClipText, frozen_copy
+    from tests.conftest import TINY_CLIP_CONFIG
+
+    _, _, ckpt = tiny_clip
+    tower = OpenClipText("tiny-clip", str(ckpt), str(TINY_CLIP_CONFIG))
+    texts = ["a dog", "two people riding horses along a sandy beach", "a dog", "x" * 400, "🐕 café"]
+    raw = open_clip.get_tokenizer("tiny-clip")(texts)
+    want = raw[:, : int((raw != 0).sum(1).max())]
+    twin = frozen_copy(tower)
+    calls: list[list[str]] = []
+    inner = tower._tokenizer.tokenizer
+    tower._tokenizer.tokenizer = lambda batch: calls.append(list(batch)) or inner(batch)
+    assert torch.equal(tower.tokenize(texts)["input_ids"], want)
+    assert calls == [["a dog", "two people riding horses along a sandy beach", "x" * 400, "🐕 café"]]  # each text once
+    assert torch.equal(twin.tokenize(texts[:2])["input_ids"], want[:2, : int((want[:2] != 0).sum(1).max())])
+    assert len(calls) == 1  # the frozen twin reads the same kept ids
+    tower.keep_token_ids(0)
+    assert torch.equal(tower.tokenize(texts)["input_ids"], want) and len(calls) == 2 and not tower._tokenizer.ids
+    tower.keep_token_ids(2)
+    tower.tokenize(texts)  # four new texts, over the limit of 2: tokenised, not kept
+    assert not tower._tokenizer.ids and len(calls) == 3
