@@ -1,6 +1,6 @@
 """What a training run needs, measured before it is started: a recipe's step on this machine's device.
 
-For each ``--batch-sizes`` (and ``--encode-chunks``): the recipe's training step (every term it has, forward
+For each ``--batch-sizes`` (and ``--encode-chunks``, ``--token-cache``): the recipe's training step (every term it has, forward
 and backward, AdamW, bf16 autocast on a GPU as the recipe says) run ``--steps`` times after ``--warmup`` steps. Reported: the
 median seconds a step, the texts the step encodes a second, the CPU seconds of tokenising a step's photo
 and text-set captions (x, x′, x″; part of the step), the peak memory (the accelerator's, or the
@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -77,13 +78,15 @@ def peak_memory_gib(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: the process' peak
 
 
-def bench(args: argparse.Namespace) -> dict:
+def bench(args: argparse.Namespace, after_row: Callable[[dict], None] = lambda result: None) -> dict:
+    """The measurements; ``after_row`` gets the result so far after each row (a long run's partial record)."""
     import torch
 
     import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
     from paraseek.core.encoder import Encoder
     from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, CaptionBank, read_caption_texts
     from paraseek.training.data import sample_batch
+    from paraseek.training.models import CachedClipTokenizer
     from paraseek.training.recipe import load_recipe
     from paraseek.training.trainer import Trainer, build_model, seed_everything
 
@@ -115,9 +118,13 @@ def bench(args: argparse.Namespace) -> dict:
     CaptionBank.build(Encoder(run_dir / "base-bundle", load_image=False), bank_texts, work / "bank")
     one_off["bank_s"] = time.perf_counter() - started
 
-    rows = []
-    runs = [(chunk, batch_size) for batch_size in args.batch_sizes for chunk in args.encode_chunks]
-    for i, (chunk, batch_size) in enumerate(runs):
+    rows: list[dict] = []
+    result = {"recipe": args.recipe, "model": args.model, "pretrained": args.pretrained or "random-init",
+              "photos_in_data": len(groups), "bank_captions": len(bank_texts), "photos": args.photos,
+              "epochs": epochs, "one_off": one_off, "rows": rows}
+    runs = [(chunk, kept, batch_size) for batch_size in args.batch_sizes for chunk in args.encode_chunks
+            for kept in args.token_cache]
+    for i, (chunk, kept, batch_size) in enumerate(runs):
         recipe = load_recipe(args.recipe, [*common, f"train.batch_size={batch_size}", f"train.steps={args.warmup + args.steps}"])
         for stale in ("checkpoint.pt", "metrics.jsonl"):  # each batch size starts its own run
             (run_dir / stale).unlink(missing_ok=True)
@@ -128,15 +135,18 @@ def bench(args: argparse.Namespace) -> dict:
         for tower in (trainer.tower, trainer.original):
             if tower is not None:
                 tower.encode_chunk = chunk
+                tower.keep_token_ids(CachedClipTokenizer.LIMIT if kept == "on" else 0)
         if trainer.device.type == "cuda":
             torch.cuda.synchronize(trainer.device)
             torch.cuda.reset_peak_memory_stats(trainer.device)
         try:
             trainer.fit(progress=False)
         except torch.cuda.OutOfMemoryError:  # what the run needs: a smaller batch, or gradient accumulation
-            rows.append({"batch_size": batch_size, "encode_chunk": chunk, "device": str(trainer.device), "error": "out of memory"})
+            rows.append({"batch_size": batch_size, "encode_chunk": chunk, "token_cache": kept, "device": str(trainer.device),
+                         "error": "out of memory"})
             del trainer
             torch.cuda.empty_cache()
+            after_row(result)
             continue
         seconds = [json.loads(line)["seconds"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         median = statistics.median(seconds[args.warmup:])
@@ -148,16 +158,16 @@ def bench(args: argparse.Namespace) -> dict:
         batch = sample_batch(trainer.data, 0, batch_size, recipe.train.seed, True, d.text_per_batch)
         texts = batch.x + batch.x1 + batch.x2
         tokenize_s = statistics.median(_seconds(trainer.tower.tokenize, texts) for _ in range(3))
-        rows.append({"batch_size": batch_size, "text_per_batch": d.text_per_batch, "encode_chunk": chunk, "device": str(trainer.device),
+        rows.append({"batch_size": batch_size, "text_per_batch": d.text_per_batch, "encode_chunk": chunk, "token_cache": kept,
+                     "device": str(trainer.device),
                      "amp": bool(recipe.train.amp and trainer.device.type == "cuda"), "step_s": median,
                      "texts_per_step": per_step, "texts_per_s": per_step / median, "tokenize_s": tokenize_s,
                      "peak_gib": peak_memory_gib(trainer.device), "run_steps": steps, "run_minutes": steps * median / 60})
         del trainer
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return {"recipe": args.recipe, "model": args.model, "pretrained": args.pretrained or "random-init",
-            "photos_in_data": len(groups), "bank_captions": len(bank_texts), "photos": args.photos,
-            "epochs": epochs, "one_off": one_off, "rows": rows}
+        after_row(result)
+    return result
 
 
 def report(result: dict) -> list[str]:
@@ -166,19 +176,21 @@ def report(result: dict) -> list[str]:
              f"(random unit vectors), bank of {result['bank_captions']} captions",
              f"one-off: frozen tower's bundle {o['export_frozen_bundle_s']:.1f} s, bank {o['bank_s']:.1f} s, "
              f"setup (x'' rewrites, anchor targets) {o['setup_s']:.1f} s",
-             f"{'batch':>6} {'+sets':>6} {'chunk':>6} {'device':>8} {'amp':>4} {'step s':>8} {'texts/step':>10} {'texts/s':>8} "
+             f"{'batch':>6} {'+sets':>6} {'chunk':>6} {'ids':>4} {'device':>8} {'amp':>4} {'step s':>8} {'texts/step':>10} {'texts/s':>8} "
              f"{'tokenize s':>10} {'peak GiB':>9} {'run steps':>9} {'run min':>8}"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"{r['batch_size']:>6} {'':>6} {r['encode_chunk'] or 'one':>6} {r['device']:>8} {r['error']}")
+            lines.append(f"{r['batch_size']:>6} {'':>6} {r['encode_chunk'] or 'one':>6} {r['token_cache']:>4} {r['device']:>8} "
+                         f"{r['error']}")
             continue
-        lines.append(f"{r['batch_size']:>6} {r['text_per_batch']:>6} {r['encode_chunk'] or 'one':>6} {r['device']:>8} "
+        lines.append(f"{r['batch_size']:>6} {r['text_per_batch']:>6} {r['encode_chunk'] or 'one':>6} {r['token_cache']:>4} "
+                     f"{r['device']:>8} "
                      f"{'bf16' if r['amp'] else 'no':>4} "
                      f"{r['step_s']:>8.3f} {r['texts_per_step']:>10} {r['texts_per_s']:>8.0f} {r['tokenize_s']:>10.3f} {r['peak_gib']:>9.2f} "
                      f"{r['run_steps']:>9} {r['run_minutes']:>8.1f}")
     lines.append(f"run: {result['photos']} photos x {result['epochs']:g} epochs at the median step time "
                  "(one-off costs and the final export not included); chunk: texts per forward pass, by length "
-                 "(one: the whole call padded to its longest)")
+                 "(one: the whole call padded to its longest); ids: token ids kept between steps (on) or not")
     return lines
 
 
@@ -191,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--encode-chunks", type=int, nargs="+", default=[512],
                    help="texts per forward pass, sorted by length (0: one pass padded to the longest); each is run")
+    p.add_argument("--token-cache", nargs="+", choices=["on", "off"], default=["on"],
+                   help="keep each text's token ids between steps (open_clip towers), or tokenise every step; each is run")
     p.add_argument("--steps", type=int, default=10, help="timed steps per batch size (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocation, kernel choice)")
     p.add_argument("--photos", type=int, default=COCO_TRAIN_PHOTOS, help="photos of the run to project")
@@ -203,20 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="train.device (default: the first GPU, else the CPU)")
     p.add_argument("--set", action="append", default=[], help="more recipe overrides, as `paraseek train --set`")
     p.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
-    p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    p.add_argument("--json", type=Path, default=None, help="also write the result here (rewritten after each row)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
     print(f"machine: {cpu_description()}")
     print(f"accelerators: {gpu_description()}")
     try:
-        result = bench(args)
+        result = bench(args, after_row=lambda so_far: args.json and args.json.write_text(json.dumps(so_far, indent=2) + "\n"))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(report(result)))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

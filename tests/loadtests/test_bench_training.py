@@ -26,7 +26,8 @@ def test_steps_of_each_batch_size_and_the_run_they_project(shared_data, tmp_path
     lines = (shared_data / "coco-captions/train_captions.tsv").read_text().splitlines()
     (tmp_path / "sets.tsv").write_text("\n".join(lines[:151]) + "\n")  # header + 150 captions: about 30 text sets
     work = tmp_path / "work"
-    argv = ["--model", "tiny-clip", "--model-config", str(TINY_CLIP_CONFIG), "--batch-sizes", "4", "8", "--encode-chunks", "2", "0", "--steps", "2",
+    argv = ["--model", "tiny-clip", "--model-config", str(TINY_CLIP_CONFIG), "--batch-sizes", "4", "8", "--encode-chunks", "2", "0",
+            "--token-cache", "on", "off", "--steps", "2",
             "--warmup", "1", "--max-photos", "20", "--max-bank", "100", "--photos", "1000",
             "--set", f"data.text_captions={tmp_path / 'sets.tsv'}", "--set", "data.text_per_batch=3",
             "--set", "objective.preserve_per_batch=5", "--work", str(work), "--json", str(tmp_path / "r.json")]
@@ -39,15 +40,17 @@ def test_steps_of_each_batch_size_and_the_run_they_project(shared_data, tmp_path
     assert {"anchor", "preserve"} <= set(sets)  # the recipe's terms ran
     rows = result["rows"]
     text_sets = len(read_caption_groups(tmp_path / "sets.tsv"))
-    assert [(r["batch_size"], r["encode_chunk"]) for r in rows] == [(4, 2), (4, 0), (8, 2), (8, 0)]  # side by side
+    assert [(r["batch_size"], r["encode_chunk"], r["token_cache"]) for r in rows] == [  # side by side
+        (b, c, t) for b in (4, 8) for c in (2, 0) for t in ("on", "off")]
     for r in rows:
         assert r["device"] == "cpu" and not r["amp"] and r["step_s"] > 0 and r["peak_gib"] > 0 and r["tokenize_s"] > 0
         assert r["texts_per_step"] == 3 * (r["batch_size"] + 3) + 5
         assert r["texts_per_s"] == pytest.approx(r["texts_per_step"] / r["step_s"])
         want = 3 * max(-(-1000 // r["batch_size"]), -(-text_sets // 3))
         assert r["run_steps"] == want and r["run_minutes"] == pytest.approx(want * r["step_s"] / 60)
-    assert f"{rows[2]['run_steps']:>9}" in out and "random unit vectors" in out
-    assert [line.split()[2] for line in out.splitlines() if line.split()[:1] in (["4"], ["8"])] == ["2", "one", "2", "one"]
+    assert f"{rows[4]['run_steps']:>9}" in out and "random unit vectors" in out
+    assert [line.split()[2:4] for line in out.splitlines() if line.split()[:1] in (["4"], ["8"])] == [
+        [c, t] for _ in (4, 8) for c in ("2", "one") for t in ("on", "off")]
     # the photos and the bank are in the frozen tower's image space, so the trainer took them
     frozen = Encoder(work / "run/base-bundle", load_image=False)
     photos, space = read_image_embeddings(work / "photos.npz")
