@@ -113,7 +113,9 @@ class CachedClipTokenizer:
         fresh: dict[str, bytes] = {}
         if missing:
             ids = self.tokenizer(missing).numpy().astype(np.int32)
-            for text, row, n in zip(missing, ids, (ids != 0).sum(1).tolist()):
+            # a row ends at its last non-zero id: 0 pads, but is also a token ("!" inside "!#$")
+            ends = ids.shape[1] - np.argmax(ids[:, ::-1] != 0, axis=1)
+            for text, row, n in zip(missing, ids, ends.tolist()):
                 fresh[text] = row[:n].tobytes()
             if len(known) + len(fresh) <= self.limit:
                 known.update(fresh)

@@ -63,19 +63,22 @@ def test_an_open_clip_tower_keeps_each_texts_token_ids_and_shares_them_with_its_
 
     _, _, ckpt = tiny_clip
     tower = OpenClipText("tiny-clip", str(ckpt), str(TINY_CLIP_CONFIG))
-    texts = ["a dog", "two people riding horses along a sandy beach", "a dog", "x" * 400, "🐕 café"]
+    texts = ["a dog", "two people riding horses along a sandy beach", "a dog", "x" * 400, "🐕 café", "!#$"]
     raw = open_clip.get_tokenizer("tiny-clip")(texts)
+    assert raw[5, 1] == 0  # "!" is token 0, the padding id: a row ends at its last non-zero id, not its count
     want = raw[:, : int((raw != 0).sum(1).max())]
     twin = frozen_copy(tower)
     calls: list[list[str]] = []
     inner = tower._tokenizer.tokenizer
     tower._tokenizer.tokenizer = lambda batch: calls.append(list(batch)) or inner(batch)
     assert torch.equal(tower.tokenize(texts)["input_ids"], want)
-    assert calls == [["a dog", "two people riding horses along a sandy beach", "x" * 400, "🐕 café"]]  # each text once
+    assert calls == [["a dog", "two people riding horses along a sandy beach", "x" * 400, "🐕 café", "!#$"]]  # each once
+    short = tower.tokenize(texts[5:])["input_ids"]
+    assert short.tolist() == [raw[5, :5].tolist()] and short[0, -1] == raw.max()  # the end-of-text token kept
     assert torch.equal(twin.tokenize(texts[:2])["input_ids"], want[:2, : int((want[:2] != 0).sum(1).max())])
     assert len(calls) == 1  # the frozen twin reads the same kept ids
     tower.keep_token_ids(0)
     assert torch.equal(tower.tokenize(texts)["input_ids"], want) and len(calls) == 2 and not tower._tokenizer.ids
     tower.keep_token_ids(2)
-    tower.tokenize(texts)  # four new texts, over the limit of 2: tokenised, not kept
+    tower.tokenize(texts)  # five new texts, over the limit of 2: tokenised, not kept
     assert not tower._tokenizer.ids and len(calls) == 3
