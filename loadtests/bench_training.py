@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import statistics
 import sys
@@ -55,15 +54,6 @@ def texts_per_step(photos: int, text_sets: int, preserved: int, batch_size: int,
     return 3 * (min(batch_size, photos) + min(text_per_batch, text_sets)) + preserved
 
 
-def run_steps(batch_size: int, text_sets: int, text_per_batch: int, photos: int, epochs: float) -> int:
-    """Steps of a run over ``photos`` photos for ``epochs`` epochs, as the trainer counts them (an epoch passes
-    every photo once, and every text set once where batches carry them)."""
-    per_epoch = math.ceil(photos / batch_size)
-    if text_sets and text_per_batch:
-        per_epoch = max(per_epoch, math.ceil(text_sets / text_per_batch))
-    return max(1, math.ceil(per_epoch * epochs))
-
-
 def _seconds(fn, *args) -> float:
     started = time.perf_counter()
     fn(*args)
@@ -88,7 +78,7 @@ def bench(args: argparse.Namespace, after_row: Callable[[dict], None] = lambda r
     from paraseek.training.data import sample_batch
     from paraseek.training.models import CachedClipTokenizer
     from paraseek.training.recipe import load_recipe
-    from paraseek.training.trainer import Trainer, build_model, seed_everything
+    from paraseek.training.trainer import Trainer, build_model, run_steps, seed_everything
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-training-"))
     run_dir = work / "run"
@@ -154,7 +144,7 @@ def bench(args: argparse.Namespace, after_row: Callable[[dict], None] = lambda r
         text_sets = len(trainer.data.text_groups or [])
         per_step = texts_per_step(len(trainer.data.captions), text_sets, o.preserve_per_batch if o.preserve_weight > 0 else 0,
                                   batch_size, d.text_per_batch)
-        steps = run_steps(batch_size, text_sets, d.text_per_batch, args.photos, epochs)
+        steps = run_steps(args.photos, batch_size, text_sets, d.text_per_batch, epochs)
         batch = sample_batch(trainer.data, 0, batch_size, recipe.train.seed, True, d.text_per_batch)
         texts = batch.x + batch.x1 + batch.x2
         tokenize_s = statistics.median(_seconds(trainer.tower.tokenize, texts) for _ in range(3))

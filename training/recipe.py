@@ -150,6 +150,12 @@ class TrainSpec(Strict):
     wise_ft_alpha: float = Field(1.0, ge=0, le=1, description="WiSE-FT: 1 = tuned weights, 0 = original")
     device: str | None = None
 
+    @model_validator(mode="after")
+    def _length(self):
+        if self.epochs is None and self.steps is None:
+            raise ValueError("train.epochs: a run needs train.epochs or train.steps")
+        return self
+
 
 class Recipe(Strict):
     name: str = Field(min_length=1)

@@ -82,6 +82,15 @@ def build_model(recipe: Recipe, run_dir: Path) -> tuple[TextTower, Encoder]:
     return tower, image_encoder
 
 
+def run_steps(photos: int, batch_size: int, text_sets: int, text_per_batch: int, epochs: float) -> int:
+    """Steps of a run of ``epochs`` epochs: an epoch passes every photo once, and every text-only paraphrase
+    set once where batches carry them (``text_per_batch``)."""
+    per_epoch = max(1, math.ceil(photos / batch_size))
+    if text_sets and text_per_batch:
+        per_epoch = max(per_epoch, math.ceil(text_sets / text_per_batch))
+    return max(1, math.ceil(per_epoch * epochs))
+
+
 def cosine_schedule(warmup: int, total: int):
     def factor(step: int) -> float:
         if step < warmup:
@@ -249,11 +258,9 @@ class Trainer:
         self.x1_choices = self._close_captions(min_cos) if min_cos is not None else None
         if self.data.vectors.shape[1] != self._probe_dim():
             raise UserError(f"text tower dim {self._probe_dim()} != image embedding dim {self.data.vectors.shape[1]}")
-        # an epoch passes every photo once, and every text-only paraphrase set once where batches carry them
-        per_epoch = max(1, math.ceil(len(self.data.captions) / t.batch_size))
-        if self.data.text_groups and recipe.data.text_per_batch and recipe.objective.kind == "paraclip":
-            per_epoch = max(per_epoch, math.ceil(len(self.data.text_groups) / recipe.data.text_per_batch))
-        self.total_steps = t.steps or max(1, math.ceil(per_epoch * t.epochs))
+        text_per_batch = recipe.data.text_per_batch if recipe.objective.kind == "paraclip" else 0
+        self.total_steps = t.steps or run_steps(len(self.data.captions), t.batch_size, len(self.data.text_groups or []),
+                                                text_per_batch, t.epochs or 0.0)  # epochs is set without steps
         params = [p for p in self.tower.parameters() if p.requires_grad] + list(
             p for p in self.temperature.parameters() if p.requires_grad)
         self.model: torch.nn.Module = self.tower

@@ -59,11 +59,9 @@ def test_steps_of_each_batch_size_and_the_run_they_project(shared_data, tmp_path
     assert len(photos.captions) == 20 and all(len(g) >= 2 for g in photos.captions)
 
 
-def test_text_sets_counted_where_they_set_the_epoch():
-    assert bench_training.run_steps(1024, 0, 0, 118_287, 3) == 3 * 116
-    assert bench_training.run_steps(1024, 100_000, 256, 118_287, 3) == 3 * 391  # the text sets take longer to pass
-    assert bench_training.run_steps(1024, 100_000, 0, 118_287, 0.5) == 58
+def test_texts_per_step_counts_each_photo_and_text_set_three_times_and_the_held_sentences():
     assert bench_training.texts_per_step(80, 18_000, 64, 1024, 256) == 3 * (80 + 256) + 64  # fewer photos than a batch
+    assert bench_training.texts_per_step(5000, 10, 0, 1024, 256) == 3 * (1024 + 10)
 
 
 def test_a_recipe_without_a_bank_anchor_is_refused(shared_data, tmp_path, capsys):

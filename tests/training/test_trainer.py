@@ -104,6 +104,7 @@ def test_wise_ft_interpolates_towards_the_original(shared_data, starter_bundle, 
     (["model.kind=alignment", "objective.preserve_texts=wordnet", "objective.preserve_weight=1"], "preserve_weight"),
     (["objective.similarity_weight=1"], "similarity_pairs"),
     (["objective.similarity_per_batch=1"], "recipe.objective.similarity_per_batch"),
+    (["train.epochs=null"], "train.epochs: a run needs train.epochs or train.steps"),
 ])
 def test_bad_recipes_name_the_field(overrides, message):
     with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
