@@ -92,8 +92,10 @@ def bench(args: argparse.Namespace, after_row: Callable[[dict], None] = lambda r
               f"objective.anchor_bank={work / 'bank'}", "train.checkpoint_every=1000000", "train.log_every=1",
               *([f"train.device={args.device}"] if args.device else []), *args.set]
     recipe = load_recipe(args.recipe, [*common, f"train.batch_size={args.batch_sizes[0]}"])
-    if recipe.model.kind != "open_clip" or recipe.objective.anchor_target != "bank":
-        raise UserError(f"--recipe: {args.recipe} is not an open_clip recipe with a bank anchor (robust-openclip is)")
+    # the texts a step counts are the paraclip objective's (x, x', x'' of each row)
+    if recipe.model.kind != "open_clip" or recipe.objective.anchor_target != "bank" or recipe.objective.kind != "paraclip":
+        raise UserError(f"--recipe: {args.recipe} is not an open_clip recipe with a bank anchor and the paraclip "
+                        "objective (the built-in robust-openclip, without --set changing these, is)")
     epochs = recipe.train.epochs
     if epochs is None:
         raise UserError("train.epochs: the run to project needs the recipe's epochs (train.steps is the bench's own)")
