@@ -582,18 +582,20 @@ class SearchEngine:
     # -- OpenAI-compatible embeddings -------------------------------------------------------------
     @counted
     async def embeddings(self, req: EmbeddingsRequest) -> dict:
-        """Text embeddings by the served text tower, through the same cache and micro-batcher as search."""
+        """Text embeddings by the text tower ``model`` names (the served one, or the first-answer one where
+        the server has it), through the same cache and micro-batcher as search."""
         active = self.require_active()
-        e = active.encoder
-        if req.model not in (e.name, f"{e.name}:{e.version}"):
-            raise RequestError("model", f"model {req.model!r} is not served here; this service serves {e.name!r}", status=404)
+        e = active.text_tower(req.model)
+        if e is None:
+            served = " and ".join(repr(t.name) for t in active.text_towers)
+            raise RequestError("model", f"model {req.model!r} is not served here; this service serves {served}", status=404)
         if req.dimensions is not None and req.dimensions != e.dim:
             raise RequestError("dimensions", f"{e.name} embeds into {e.dim} dimensions, not {req.dimensions}")
         texts = req.input
         if len(texts) > self.settings.max_embedding_inputs:
             raise RequestError("input", f"at most {self.settings.max_embedding_inputs} texts per call")
         self._check_lengths((f"input.{i}", text) for i, text in enumerate(texts))
-        vectors, _ = await self.embed(active, texts)
+        vectors, _ = await self.embed(active, texts, e)
         tokens = int(e.tokenize(texts).attention_mask.sum())
         if req.encoding_format == "base64":  # what OpenAI's clients decode: little-endian float32 bytes
             encoded: list = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii") for v in vectors]

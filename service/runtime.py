@@ -31,6 +31,17 @@ class Active:
     def first_answer_id(self) -> str | None:
         return encoder_id(self.first_answer) if self.first_answer is not None else None
 
+    @property
+    def text_towers(self) -> list[Encoder]:
+        """Every text tower loaded here, the served one first: what ``/v1/models`` lists and
+        ``/v1/embeddings`` embeds with by name (the first-answer tower keeps its own sentence embeddings:
+        the plain starter's beside the robust ranking of the embedded default)."""
+        return [self.encoder] + ([self.first_answer] if self.first_answer is not None else [])
+
+    def text_tower(self, model: str) -> Encoder | None:
+        """The text tower a client names by ``name`` or ``name:version``; the served one wins a shared name."""
+        return next((t for t in self.text_towers if model in (t.name, f"{t.name}:{t.version}")), None)
+
 
 def encoder_id(e: Encoder) -> str:
     """What an encoder's vectors are keyed by in the caches: bundle, version and precision."""

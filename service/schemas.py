@@ -266,7 +266,8 @@ class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: list[SearchText] = Field(description="a text or a list of texts (a single text is read as a list of one)")
-    model: str = Field(min_length=1, description="the served bundle's name (GET /v1/models)")
+    model: str = Field(min_length=1, description="a text tower's name (GET /v1/models): the served bundle, or "
+                                                 "the first-answer bundle where the server has one")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes of each vector, base64-encoded")
     dimensions: StrictInt | None = Field(None, ge=1, description="must equal the bundle's dimension if given")

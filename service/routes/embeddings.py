@@ -15,8 +15,8 @@ router = APIRouter(prefix="/v1", tags=["embeddings"])
 
 @router.post("/embeddings", response_model=EmbeddingsResponse, responses=error_responses(400, 404, 413, 422, 503))
 async def embeddings(req: EmbeddingsRequest, engine: SearchEngine = Depends(get_engine)):
-    """OpenAI's ``POST /v1/embeddings``: ``input`` a text or a list, ``model`` the served bundle's name,
-    ``encoding_format`` float or base64. Shares the search path's cache and micro-batcher."""
+    """OpenAI's ``POST /v1/embeddings``: ``input`` a text or a list, ``model`` a name ``GET /v1/models``
+    lists, ``encoding_format`` float or base64. Shares the search path's cache and micro-batcher."""
     return Response(orjson.dumps(await engine.embeddings(req)), media_type="application/json")
 
 
@@ -29,7 +29,10 @@ def plain_routes() -> list[PlainJsonRoute]:
 
 @router.get("/models", responses=error_responses(503))
 async def models(engine: SearchEngine = Depends(get_engine)) -> dict:
-    """OpenAI's model list: the one bundle this service serves."""
-    e = engine.require_active().encoder
+    """OpenAI's model list: the served bundle, then the first-answer bundle where the server has one
+    (``role`` says which; both embed texts)."""
+    active = engine.require_active()
+    roles = ["served", "first_answer"]
     return {"object": "list", "data": [{"id": e.name, "object": "model", "created": 0, "owned_by": "paraseek",
-                                        "version": e.version, "dimensions": e.dim}]}
+                                        "version": e.version, "dimensions": e.dim, "role": role}
+                                       for e, role in zip(active.text_towers, roles)]}

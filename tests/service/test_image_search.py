@@ -161,6 +161,36 @@ def test_embeddings_bad_input_names_the_field(client, subtests):
             assert_error_names(client.post("/v1/embeddings", json=body), loc, status)
 
 
+def test_embeddings_by_the_first_answer_tower_when_named(make_settings, whole_photo_robust_bundle, direct):
+    """A server with a first-answer bundle lists it after the served one and embeds with it by name, so the
+    plain starter's sentence embeddings stay a call away beside a robust ranking. Each tower's vectors are
+    its own, the cache keeping them apart; an unknown name is a 404 naming both."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    enc, _ = direct
+    lead = Encoder(whole_photo_robust_bundle)
+    assert lead.name != enc.name
+    texts = ["a dog lying on a couch", "a boat on the water"]
+    with TestClient(create_app(make_settings(first_answer_bundle=whole_photo_robust_bundle))) as c:
+        models = c.get("/v1/models").json()["data"]
+        embedded = {name: c.post("/v1/embeddings", json={"input": texts, "model": name}).json()
+                    for name in (lead.name, enc.name, f"{lead.name}:{lead.version}")}  # the served tower after the other's
+        unknown = c.post("/v1/embeddings", json={"input": texts, "model": "text-embedding-3-small"})
+    assert [(m["id"], m["role"], m["dimensions"]) for m in models] == [(enc.name, "served", enc.dim),
+                                                                       (lead.name, "first_answer", lead.dim)]
+    for name, tower in ((lead.name, lead), (enc.name, enc), (f"{lead.name}:{lead.version}", lead)):
+        body = embedded[name]
+        assert body["model"] == tower.name
+        np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), tower.encode_text(texts), atol=1e-5)
+        assert body["usage"]["prompt_tokens"] == int(tower.tokenize(texts).attention_mask.sum())
+    assert not np.allclose([d["embedding"] for d in embedded[enc.name]["data"]],
+                           [d["embedding"] for d in embedded[lead.name]["data"]], atol=1e-3)  # two towers, two answers
+    assert_error_names(unknown, ["body", "model"], 404)
+    assert enc.name in unknown.text and lead.name in unknown.text
+
+
 def test_embeddings_share_the_cache_with_search(client):
     name = client.get("/v1/models").json()["data"][0]["id"]
     client.post("/v1/embeddings", json={"input": "a red bus on a street", "model": name})
