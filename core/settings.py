@@ -143,7 +143,8 @@ class Settings(BaseSettings):
     first_answer_bundle: Path | None = Field(
         None, description="a second bundle of the served image space whose first answer a request's `lead_margin` puts on "
         "top where that tower is sure of it (its first score above its second by more than the margin): a plainer, more "
-        "precise tower over a stable ranking (default for the embedded robust starter: the plain starter)")
+        "precise tower over a stable ranking; `/v1/embeddings` also embeds with it by name (default for the embedded "
+        "robust starter: the plain starter, whose sentence embeddings score higher on STS)")
 
     # paraphrase / expansion sources (service, CLI evaluation and training data generation alike)
     ppdb_path: Path | None = None

@@ -10,7 +10,9 @@ neighbours), ``head[:ROUNDS[:N]]`` (the bank's query head, then ROUNDS bank roun
 ``:keepK`` or ``:keepKinW``: the unexpanded query's first K results lead the list (the request's
 ``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``),
 then ``:leadM``: a second tower's first answer (``--first-answer-bundle``) goes on top where its first
-image's score exceeds its second's by more than M (the request's ``lead_margin``).
+image's score exceeds its second's by more than M (the request's ``lead_margin``), then ``:hubW``: the
+served tower's lists ordered by score less W x each image's hubness against the caption bank (the
+request's ``hub_weight``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.settings import Settings
 from paraseek.index.snapshot import Snapshot
 from paraseek.paraphrase.caption_bank import CaptionBank, configured_bank_dir
-from paraseek.paraphrase.expansions import EXPANSIONS, ConfidentLead, KeepFirst, RewriteExpansion, VectorExpansion, expansion_method
+from paraseek.paraphrase.expansions import (
+    EXPANSIONS,
+    ConfidentLead,
+    HubCorrection,
+    KeepFirst,
+    RewriteExpansion,
+    VectorExpansion,
+    expansion_method,
+)
 from paraseek.paraphrase.factory import make_source
 
 Expander = Callable[[list[str], np.ndarray], np.ndarray]
@@ -42,12 +52,20 @@ class Expansion:
     keep: KeepFirst = KeepFirst()  # the unexpanded query's first results lead each list (``:keepK[inW]``)
     lead: ConfidentLead = ConfidentLead()  # a second tower's sure first answer goes on top (``:leadM``)
     lead_encoder: Encoder | None = None  # that tower (``--first-answer-bundle``), where ``lead`` is set
+    hub: HubCorrection = HubCorrection()  # lists ordered by hub-corrected scores (``:hubW``)
+    image_bias: np.ndarray | None = None  # where ``hub`` is set: each snapshot row's ``CaptionBank.hub_bias``
 
 
-def split_rules(spec: str) -> tuple[list[str], KeepFirst, ConfidentLead]:
-    """A spec's parts, its ``keepK`` or ``keepKinW`` suffix and then its ``leadM`` one
-    (``bank:30:keep1in5:lead0.03`` -> (["bank", "30"], KeepFirst(1, 5), ConfidentLead(0.03))); none without them."""
-    parts, lead = spec.split(":"), ConfidentLead()
+def split_rules(spec: str) -> tuple[list[str], KeepFirst, ConfidentLead, HubCorrection]:
+    """A spec's parts, its ``keepK`` or ``keepKinW`` suffix, then its ``leadM`` one, then its ``hubW`` one
+    (``bank:30:keep1in5:lead0.03:hub0.5`` -> (["bank", "30"], KeepFirst(1, 5), ConfidentLead(0.03),
+    HubCorrection(0.5))); none without them."""
+    parts, lead, hub = spec.split(":"), ConfidentLead(), HubCorrection()
+    if len(parts) > 1 and parts[-1].startswith("hub"):
+        match = re.fullmatch(r"hub(\d+(?:\.\d*)?|\.\d+)", parts[-1])
+        if match is None or not 0 < float(match.group(1)) <= 2:
+            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not hubW (W a weight, above 0 and at most 2)")
+        parts, hub = parts[:-1], HubCorrection(float(match.group(1)))
     if len(parts) > 1 and parts[-1].startswith("lead"):
         match = re.fullmatch(r"lead(\d+(?:\.\d*)?|\.\d+)", parts[-1])
         if match is None or not 0 <= float(match.group(1)) <= 2:
@@ -57,8 +75,8 @@ def split_rules(spec: str) -> tuple[list[str], KeepFirst, ConfidentLead]:
         match = re.fullmatch(r"keep(\d+)(?:in(\d+))?", parts[-1])
         if match is None:
             raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK or keepKinW (whole numbers)")
-        return parts[:-1], KeepFirst(int(match.group(1)), int(match.group(2) or 0)), lead
-    return parts, KeepFirst(), lead
+        return parts[:-1], KeepFirst(int(match.group(1)), int(match.group(2) or 0)), lead, hub
+    return parts, KeepFirst(), lead, hub
 
 
 def guarded_text_expander(encoder: Encoder, rewrite: Callable[[str], list[str]], min_cos: float) -> Expander:
@@ -105,7 +123,7 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
     """``METHOD[:ARG...]`` of any registered expansion method (``paraseek.paraphrase.expansions``);
     ``first_answer``: the tower of a ``:leadM`` suffix."""
     settings = settings or Settings()
-    (name, *args), keep, lead = split_rules(spec)
+    (name, *args), keep, lead, hub = split_rules(spec)
     if lead and first_answer is None:
         raise UserError(f"--expansion {spec!r}: {lead.label} needs the tower whose first answer leads "
                         "(--first-answer-bundle)")
@@ -119,18 +137,20 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         method.check(params)
     except ValueError as exc:
         raise UserError(f"--expansion {spec!r}: {exc}") from None
-    label = method.spec_label(params) + (f"-{keep.label}" if keep else "") + (f"-{lead.label}" if lead else "")
+    label = (method.spec_label(params) + (f"-{keep.label}" if keep else "") + (f"-{lead.label}" if lead else "")
+             + (f"-{hub.label}" if hub else ""))
+    load_bank = lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest), encoder)  # noqa: E731
+    image_bias = load_bank().hub_bias(np.asarray(snapshot.vectors())) if hub else None
     if isinstance(method, RewriteExpansion):
         if params.fusion != "mean":
             raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")
         source = make_source(method.source, settings, ppdb_path=ppdb)
         return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos),
-                         keep, lead, lead_encoder)
+                         keep, lead, lead_encoder, hub, image_bias)
     assert isinstance(method, VectorExpansion)
-    lookups = DirectLookups(snapshot, lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest),
-                                                              encoder))
+    lookups = DirectLookups(snapshot, load_bank)
     return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0], keep, lead,
-                     lead_encoder)
+                     lead_encoder, hub, image_bias)
 
 
 def spec_help() -> str:

@@ -11,7 +11,7 @@ import numpy as np
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, HubCorrection, KeepFirst
 
 
 @dataclass
@@ -40,23 +40,42 @@ def distinct_images(lists: Sequence[tuple[list[int], list[int]]]) -> int:
     return len({i for a, b in lists for i in (*a, *b)})
 
 
+def hub_search(snapshot, hub: HubCorrection, image_bias: np.ndarray | None) -> Callable:
+    """``snapshot.search_ids``, its lists reordered as a request's ``hub_weight`` serves them where ``hub`` is
+    set (``image_bias``: each snapshot row's hubness)."""
+    if not hub or image_bias is None:
+        return snapshot.search_ids
+    row_of = {int(i): r for r, i in enumerate(snapshot.ids)}
+
+    def search(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, ids = snapshot.search_ids(vectors, hub.depth(k))
+        bias = np.array([[image_bias[row_of[int(i)]] if i >= 0 else 0.0 for i in row] for row in ids], np.float32)
+        scores, ids = hub.rerank(scores, ids, bias)
+        return scores[:, :k], ids[:, :k]
+
+    return search
+
+
 def evaluate_pairs(encoder: Encoder, snapshot, pairs: Sequence[tuple[str, str]], k: int = 10,
                    expand: Callable[[list[str], np.ndarray], np.ndarray] | None = None, label: str = "plain",
                    progress: bool = True, keep: KeepFirst = KeepFirst(), lead: ConfidentLead = ConfidentLead(),
-                   lead_encoder: Encoder | None = None) -> ParaphraseResult:
+                   lead_encoder: Encoder | None = None, hub: HubCorrection = HubCorrection(),
+                   image_bias: np.ndarray | None = None) -> ParaphraseResult:
     """``expand`` maps (texts, their embeddings) to expanded query vectors (``paraseek.evaluation.expansion``);
     ``keep``: each list leads with the unexpanded query's first results, as the service serves it; ``lead``:
-    then ``lead_encoder``'s first answer goes on top where that tower is sure of it."""
+    then ``lead_encoder``'s first answer goes on top where that tower is sure of it; ``hub`` (with each snapshot
+    row's ``image_bias``): the served tower's lists ordered by hub-corrected scores first."""
     a_texts, b_texts = [a for a, _ in pairs], [b for _, b in pairs]
     qa, qb = encoder.encode_text(a_texts), encoder.encode_text(b_texts)
+    search = hub_search(snapshot, hub, image_bias)
 
     def served(texts: list[str], plain: np.ndarray) -> list[list[int]]:
         if expand is None:
-            lists = [[int(x) for x in row if x >= 0] for row in snapshot.search_ids(plain, k)[1]]
+            lists = [[int(x) for x in row if x >= 0] for row in search(plain, k)[1]]
         else:
-            _, expanded = snapshot.search_ids(expand(texts, plain), k + keep.depth)
+            _, expanded = search(expand(texts, plain), k + keep.depth)
             if keep:
-                _, first = snapshot.search_ids(plain, keep.n)
+                _, first = search(plain, keep.n)
                 lists = [keep.serve(f, e) for f, e in zip(first, expanded)]
             else:
                 lists = [[int(x) for x in row if x >= 0] for row in expanded]

@@ -20,7 +20,7 @@ from paraseek.evaluation.retrieval import cross_modal_recall
 from paraseek.evaluation.sts import evaluate_sts
 from paraseek.index.builder import build_snapshot
 from paraseek.index.snapshot import Snapshot
-from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, HubCorrection, KeepFirst
 
 
 class NoCaptionsError(UserError):
@@ -40,15 +40,18 @@ def snapshot_captions(snapshot) -> tuple[list[str], list[int]]:
 
 
 def retrieval_on_snapshot(encoder: Encoder, snapshot, expand=None, keep: KeepFirst = KeepFirst(),
-                          lead: ConfidentLead = ConfidentLead(), lead_encoder: Encoder | None = None) -> dict[str, float]:
+                          lead: ConfidentLead = ConfidentLead(), lead_encoder: Encoder | None = None,
+                          hub: HubCorrection = HubCorrection(), image_bias: np.ndarray | None = None) -> dict[str, float]:
     """Retrieval with the snapshot's own captions as queries (expanded by ``expand`` when given, the
-    unexpanded query's first results leading as ``keep`` says, ``lead_encoder``'s where ``lead`` says)."""
+    unexpanded query's first results leading as ``keep`` says, ``lead_encoder``'s where ``lead`` says, the
+    scores hub-corrected as ``hub`` says)."""
     texts, ids = snapshot_captions(snapshot)
     plain = encoder.encode_text(texts)
     queries = expand(texts, plain) if expand is not None else plain
     lead_vecs = lead_encoder.encode_text(texts) if lead and lead_encoder is not None else None
     return cross_modal_recall(np.asarray(snapshot.vectors()), snapshot.ids, queries, ids,
-                              plain_text_vecs=plain, keep=keep, lead_text_vecs=lead_vecs, lead=lead)
+                              plain_text_vecs=plain, keep=keep, lead_text_vecs=lead_vecs, lead=lead, hub=hub,
+                              image_bias=image_bias)
 
 
 def perturbation_suite(encoder: Encoder, snapshot, wordnet_source=None, seed: int = 0, k: int = 10,
@@ -128,12 +131,14 @@ def compare(models: Sequence[Model], out: Path, *, pairs=None, sts=None, images=
             if pairs:
                 res = evaluate_pairs(enc, snap, pairs, k=k, progress=progress, expand=exp.expand if exp else None,
                                      keep=exp.keep if exp else KeepFirst(), lead=exp.lead if exp else ConfidentLead(),
-                                     lead_encoder=exp.lead_encoder if exp else None)
+                                     lead_encoder=exp.lead_encoder if exp else None,
+                                     hub=exp.hub if exp else HubCorrection(), image_bias=exp.image_bias if exp else None)
                 row[f"AO@{k}"], row[f"JS@{k}"] = float(res.ao.mean()), float(res.js.mean())
                 row[f"distinct images in top-{k}"] = res.summary()["distinct_images"]
                 ao_distributions[name] = res.ao
             try:
-                r = (retrieval_on_snapshot(enc, snap, exp.expand, exp.keep, exp.lead, exp.lead_encoder) if exp
+                r = (retrieval_on_snapshot(enc, snap, exp.expand, exp.keep, exp.lead, exp.lead_encoder, exp.hub,
+                                           exp.image_bias) if exp
                      else retrieval_on_snapshot(enc, snap))
                 row.update({"T2I R@1": r["t2i_r1"], "T2I R@5": r["t2i_r5"], "T2I R@10": r["t2i_r10"]})
                 if exp is None:  # image-to-text and RSUM do not depend on query expansion

@@ -46,6 +46,10 @@ SHIPPED_VECTORS = Path(__file__).resolve().parent / "data"
 SHIPPED_CHECK_ROWS = 32
 SHIPPED_CHECK_ATOL = 1e-3
 FUSIONS = ("mean", "weighted")
+# hub_bias: near a max over the bank (the image's best-matching captions), soft enough that one odd caption
+# does not set it alone (robust starter v3: 0.01-0.05 all lift R@1, loadtests/results/robust_starter.md "Hubs")
+HUB_TEMPERATURE = 0.02
+HUB_CHUNK = 4096  # bank rows per product: bounds the (images x chunk) score block
 
 
 class CaptionBankError(UserError):
@@ -174,6 +178,21 @@ class CaptionBank:
         top = np.take_along_axis(sims, rows, axis=1)
         order = np.argsort(-top, axis=1, kind="stable")
         return np.take_along_axis(rows, order, axis=1), np.take_along_axis(top, order, axis=1)
+
+    def hub_bias(self, image_vectors: np.ndarray, temperature: float = HUB_TEMPERATURE) -> np.ndarray:
+        """Each image's hubness against this bank: ``temperature`` x log-sum-exp of its cosines to every bank
+        caption over ``temperature``, a soft maximum (inverted softmax, QB-Norm's query bank). An image that
+        many captions match strongly, whatever they describe, scores high for every query; less a share of
+        this, its scores compare with other images' on what the query says (``HubCorrection``)."""
+        g = np.atleast_2d(image_vectors).astype(np.float32)
+        peak = np.full(len(g), -np.inf, np.float32)
+        total = np.zeros(len(g), np.float64)
+        for start in range(0, len(self.vectors), HUB_CHUNK):  # a running log-sum-exp, one bank chunk at a time
+            sims = (g @ self.vectors[start:start + HUB_CHUNK].T) / temperature
+            new_peak = np.maximum(peak, sims.max(axis=1))
+            total = total * np.exp(peak - new_peak) + np.exp(sims - new_peak[:, None]).sum(axis=1)
+            peak = new_peak
+        return (temperature * (peak + np.log(total))).astype(np.float32)
 
     def expand(self, queries: np.ndarray, n: int, fusion: str = "mean") -> np.ndarray:
         """Query vectors moved toward their n nearest bank captions (eq. 5 mean, or similarity-weighted)."""

@@ -30,7 +30,7 @@ from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
 from paraseek.paraphrase.caption_bank import CaptionBankError
-from paraseek.paraphrase.expansions import EXPANSIONS
+from paraseek.paraphrase.expansions import EXPANSIONS, HubCorrection
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, RecentPeak, encode_texts, search_rows
 from paraseek.service.cache import Cache, params_key
 from paraseek.service.embedding import cached_texts
@@ -41,6 +41,7 @@ from paraseek.service.query_plan import (
     QueryRows,
     QueryTexts,
     consistency_report,
+    hub_of,
     keep_of,
     lead_of,
     page,
@@ -362,10 +363,14 @@ class SearchEngine:
         t_generated = time.perf_counter()
         # keep_first: the expanded list loses up to that many results to the plain query's first ones (lead: one more)
         k_search = max(req.offset + req.k, req.consistency.k if req.consistency else 0) + keep_of(req).depth + int(bool(lead))
+        hub = hub_of(req)
+        k_search = hub.depth(k_search)
         if self._runs_alone(req, texts):
             searched = await self._encode_and_search_alone(active, view, req, texts, k_search)
         else:
             searched = await self._encode_then_search(active, view, req, texts, k_search)
+        if hub:
+            await self._correct_hubs(active, hub, searched)
         t_enc, t_search = searched.t_enc, time.perf_counter()
         stage = self.metrics.stage
         if texts.expansions or (req.consistency and req.consistency.auto):  # generated texts only
@@ -390,6 +395,17 @@ class SearchEngine:
             truncated=bool(searched.truncated[0]) if req.query is not None else any(searched.truncated),
             expansions=(texts.expansions or searched.neighbour_texts) or None, consistency=report,
         )
+
+    async def _correct_hubs(self, active: Active, hub: HubCorrection, searched: Searched) -> None:
+        """``hub_weight``: the served tower's lists reordered by their hub-corrected scores (the first-answer
+        tower's lists keep that tower's own scores: the bank's hubness is the served tower's)."""
+        rows = [r for r in range(len(searched.ids)) if r not in set(searched.rows.lead_rows())]
+        try:
+            bias = await asyncio.to_thread(self.expansion_sources.hub_bias, active, searched.ids[rows])
+        except RequestError as exc:  # no caption bank: the field that needs one is this one
+            raise RequestError("expansion.hub_weight", str(exc), status=exc.status) from exc
+        searched.scores, searched.ids = searched.scores.copy(), searched.ids.copy()
+        searched.scores[rows], searched.ids[rows] = hub.rerank(searched.scores[rows], searched.ids[rows], bias)
 
     def _runs_alone(self, req: SearchRequest, texts: QueryTexts) -> bool:
         """The service's only request in flight, with few texts, one encoder and no index lookup between

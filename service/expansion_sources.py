@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 # the caption bank's nearest captions, merged across requests like index searches: (rows, similarities)
 _BANK_NEIGHBOURS = search_rows(lambda bank, queries, n: bank.neighbours(queries, n))
+# images whose hubness is kept (about 100 bytes each in a dict): past it the kept ones are dropped and computed
+# again as lists show them, so a collection bigger than memory never fills it
+HUB_BIAS_KEPT = 1_000_000
 
 
 class ExpansionSources:
@@ -35,6 +38,9 @@ class ExpansionSources:
         self.pool = ThreadPoolExecutor(settings.paraphrase_workers, thread_name_prefix="paraphrase")
         self._sources: dict[str, ParaphraseSource] = {}
         self._banks: dict[str, CaptionBank] = {}
+        # hub_weight: each image's hubness against the bank, computed the first time a list shows it
+        # (a gallery's worth at most; one float an image), per bundle and snapshot version
+        self._hub_bias: dict[tuple[str, str], dict[int, float]] = {}
         self._lock = threading.Lock()
 
     def shutdown(self) -> None:
@@ -85,6 +91,25 @@ class ExpansionSources:
 
     def loaded_bank(self, active: Active) -> CaptionBank | None:
         return self._banks.get(active.model_id)
+
+    def hub_bias(self, active: Active, ids: np.ndarray) -> np.ndarray:
+        """``CaptionBank.hub_bias`` of the images ``ids`` names (0 for padding), from the stored vectors of
+        those not seen before. Reads the bank and the index: call it off the event loop."""
+        bank = self.caption_bank(active)
+        key = (active.model_id, active.snapshot.version)
+        with self._lock:
+            if key not in self._hub_bias or len(self._hub_bias[key]) > HUB_BIAS_KEPT:
+                self._hub_bias = {key: {}}  # one bundle and snapshot serve at a time
+            known = self._hub_bias[key]
+            missing = sorted({int(i) for i in np.unique(ids) if i >= 0} - known.keys())
+        if missing:
+            computed = dict(zip(missing, bank.hub_bias(active.snapshot.vectors_of(missing)).tolist()))
+            with self._lock:
+                known.update(computed)
+        else:
+            computed = {}
+        return np.array([[computed[i] if i in computed else known.get(i, 0.0) for i in map(int, row)]
+                         for row in np.atleast_2d(ids)], np.float32)
 
 
 class BatchedLookups:

@@ -11,7 +11,7 @@ import numpy as np
 from paraseek.core.encoder import l2_normalize
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
-from paraseek.paraphrase.expansions import EXPANSIONS, ConfidentLead, KeepFirst, RewriteExpansion, VectorExpansion
+from paraseek.paraphrase.expansions import EXPANSIONS, ConfidentLead, HubCorrection, KeepFirst, RewriteExpansion, VectorExpansion
 from paraseek.service.errors import RequestError
 from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, SearchRequest
 
@@ -64,6 +64,13 @@ class QueryRows:
     lead_query: int | None = None  # its row of the query
     first_lead_paraphrase: int | None = None  # and where its rows of the (expanded, so served) paraphrases start
 
+    def lead_rows(self) -> list[int]:
+        """The rows of the first-answer tower (the others are the served tower's)."""
+        if self.lead_query is None:
+            return []
+        end = len(self.matrix) if self.first_lead_paraphrase is not None else self.lead_query + 1
+        return list(range(self.lead_query, end))
+
     def served(self, ids: np.ndarray, scores: np.ndarray, row: int, plain_row: int, lead_row: int | None = None) -> list[int]:
         """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin; ``lead_row``
         the first-answer tower's)."""
@@ -112,6 +119,12 @@ def lead_of(req: SearchRequest) -> ConfidentLead:
     if e is None or e.method == "none" or req.query is None or req.terms:
         return ConfidentLead()
     return ConfidentLead(e.lead_margin)
+
+
+def hub_of(req: SearchRequest) -> HubCorrection:
+    """The request's ``hub_weight`` (none without an expansion)."""
+    e = req.expansion
+    return HubCorrection(e.hub_weight) if e is not None and e.method != "none" else HubCorrection()
 
 
 def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None = None,

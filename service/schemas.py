@@ -101,6 +101,11 @@ class Expansion(StrictModel):
         None, description="the server's first-answer tower (PARASEEK_FIRST_ANSWER_BUNDLE, a plainer and more precise "
         "one) puts its first answer on top where it is sure of it: its first image's score above its second's by more "
         "than this (a rephrasing keeps such answers, so the first answer gains and the list stays steady); null: never")
+    hub_weight: Annotated[float, Strict()] = Field(
+        0.0, ge=0, le=2, description="the first 100 results ordered again by score less this times the image's "
+        "hubness against the caption bank (how strongly its best-matching bank captions match it, whatever they "
+        "say): images that score high for every query stop taking first answers; the scores shown are the corrected "
+        "ones. 0: off")
 
     @field_validator("n")
     @classmethod

@@ -12,7 +12,7 @@ from paraseek.core.errors import UserError
 from paraseek.evaluation import perturb
 from paraseek.evaluation.data import DataError, held_out_texts, read_pairs, read_sts, without_held_out
 from paraseek.evaluation.retrieval import cross_modal_recall
-from paraseek.paraphrase.expansions import ConfidentLead, KeepFirst
+from paraseek.paraphrase.expansions import ConfidentLead, HubCorrection, KeepFirst
 
 
 def test_reproduces_real_clip_recall(shared_data):
@@ -46,6 +46,20 @@ def test_recall_with_keep_first_ranks_as_the_served_list():
     kept = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain, keep=KeepFirst(1))
     assert kept["t2i_r1"] == pytest.approx(100.0)
     assert kept["i2t_r1"] == cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["i2t_r1"]
+
+
+def test_recall_with_hub_correction_ranks_by_the_corrected_scores():
+    """Image 30 is a hub (bias 0.9): caption 0 ranks it first by cosine (0.6 against its own image's 0.5),
+    and second once each score loses half its image's bias; image-to-text recall is untouched."""
+    images = np.eye(3, dtype=np.float32)
+    texts = np.array([[0.5, 0, 0.6], [0, 1, 0.2]], np.float32)
+    bias = np.array([0.1, 0.1, 0.9], np.float32)
+    assert cross_modal_recall(images, [10, 20, 30], texts, [10, 20], ks=(1,))["t2i_r1"] == pytest.approx(50.0)
+    hubbed = cross_modal_recall(images, [10, 20, 30], texts, [10, 20], ks=(1,), hub=HubCorrection(0.5), image_bias=bias)
+    assert hubbed["t2i_r1"] == pytest.approx(100.0)
+    assert hubbed["i2t_r1"] == cross_modal_recall(images, [10, 20, 30], texts, [10, 20], ks=(1,))["i2t_r1"]
+    assert cross_modal_recall(images, [10, 20, 30], texts, [10, 20], ks=(1,), hub=HubCorrection(0.1),
+                              image_bias=bias)["t2i_r1"] == pytest.approx(50.0)  # 0.6 - 0.09 still beats 0.5 - 0.01
 
 
 def test_recall_with_a_confident_lead_ranks_as_the_served_list():
@@ -200,6 +214,26 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
                           progress=False).lists == served.lists
     assert evaluate_pairs(enc, snap, pairs, k=10, expand=never.expand, lead=never.lead, lead_encoder=enc,
                           progress=False).lists == res.lists
+    # :hubW: every list the served tower searches is its first 100 reordered by score less W x the image's hubness
+    hubbed = parse_expansion("bank:5:keep1in4:hub0.5", enc, snap, bank=bank.path)
+    assert (hubbed.label, hubbed.keep, hubbed.hub) == ("bank5-mean-keep1in4-hub0.5", KeepFirst(1, 4), HubCorrection(0.5))
+    bias = bank.hub_bias(np.asarray(snap.vectors()))
+    np.testing.assert_allclose(hubbed.image_bias, bias)
+    position = {int(i): r for r, i in enumerate(snap.ids)}
+
+    def corrected(vectors, k):
+        scores, ids = snap.search_ids(vectors, 100)
+        shifted = scores - 0.5 * np.array([[bias[position[int(i)]] for i in row] for row in ids])
+        return [[int(row[j]) for j in np.argsort(-s, kind="stable")[:k]] for row, s in zip(ids, shifted)]
+
+    hub_served = evaluate_pairs(enc, snap, pairs, k=10, expand=hubbed.expand, keep=hubbed.keep, hub=hubbed.hub,
+                                image_bias=hubbed.image_bias, progress=False)
+    first, deeper = corrected(qa, 1), corrected(hand / np.linalg.norm(hand, axis=1, keepdims=True), 14)
+    want = [KeepFirst(1, 4).serve(f, d)[:10] for f, d in zip(first, deeper)]
+    assert [a for a, _ in hub_served.lists] == want and want != [a for a, _ in served.lists]
+    for bad in ("bank:5:hub0", "bank:5:hub3", "bank:5:hubx"):
+        with pytest.raises(UserError, match="hubW"):
+            parse_expansion(bad, enc, snap, bank=bank.path)
     for bad, message in (("bank:5:lead0.1", "first-answer-bundle"), ("bank:5:leadx", "leadM"), ("bank:5:lead3", "leadM")):
         with pytest.raises(UserError, match=message):
             parse_expansion(bad, enc, snap, bank=bank.path)

@@ -246,3 +246,41 @@ def test_confident_lead_puts_the_second_towers_first_answer_on_top_only_past_its
     assert ConfidentLead(0.05).serve(served, [-1, -1], [0.0, 0.0]) == served  # nothing found: nothing leads
     assert ConfidentLead().serve(served, [7, 9], [0.9, 0.1]) == served and not ConfidentLead()
     assert ConfidentLead(0.035).label == "lead0.035" and ConfidentLead(0.0).label == "lead0" and ConfidentLead(0.0)
+
+
+def test_hub_bias_is_the_soft_maximum_of_an_images_cosines_to_the_bank(tmp_path, monkeypatch):
+    """temperature x log-sum-exp of the cosines over temperature, computed one bank chunk at a time: the same
+    with chunks of 2 rows as in one product, and finite at a temperature that overflows a plain exp."""
+    from scipy.special import logsumexp
+
+    import paraseek.paraphrase.caption_bank as caption_bank
+
+    bank = CaptionBank.build(FakeEncoder(), TEXTS, tmp_path / "bank", texts_source="test")
+    images = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    for tau in (0.02, 0.5, 0.001):
+        want = tau * logsumexp(images @ bank.vectors.T / tau, axis=1)
+        whole = bank.hub_bias(images, tau)
+        monkeypatch.setattr(caption_bank, "HUB_CHUNK", 2)
+        np.testing.assert_allclose(bank.hub_bias(images, tau), want, rtol=1e-5, atol=1e-6)
+        monkeypatch.undo()
+        np.testing.assert_allclose(whole, want, rtol=1e-5, atol=1e-6)
+        assert np.isfinite(whole).all()
+    # near a max at a low temperature: an image nearest to one caption is biased by about that cosine
+    np.testing.assert_allclose(bank.hub_bias(bank.vectors[:2], 0.001), [1.0, 1.0], atol=0.01)
+
+
+def test_hub_correction_reorders_each_list_by_its_corrected_scores():
+    from paraseek.paraphrase.expansions import HUB_SHORTLIST, HubCorrection
+
+    scores = np.array([[0.9, 0.8, 0.7, 0.0], [0.5, 0.4, 0.0, 0.0]], np.float32)
+    ids = np.array([[4, 7, 2, -1], [7, 4, -1, -1]])
+    bias = np.array([[0.6, 0.1, 0.2, 0.0], [0.1, 0.6, 0.0, 0.0]], np.float32)
+    corrected, order = HubCorrection(0.5).rerank(scores, ids, bias)
+    assert order.tolist() == [[7, 4, 2, -1], [7, 4, -1, -1]]  # 0.75, 0.6, 0.6 (stable: 4 listed before 2)
+    np.testing.assert_allclose(corrected[0, :3], [0.75, 0.6, 0.6], atol=1e-6)
+    np.testing.assert_allclose(corrected[1, :2], [0.45, 0.1], atol=1e-6)
+    assert not np.isfinite(corrected[:, -1]).any()  # padding stays last
+    assert HubCorrection(1.0).rerank(scores, ids, bias)[1][0].tolist() == [7, 2, 4, -1]
+    assert HubCorrection(0.5).depth(10) == HUB_SHORTLIST and HubCorrection().depth(10) == 10
+    assert HubCorrection(0.55).label == "hub0.55" and not HubCorrection() and HubCorrection().label == ""

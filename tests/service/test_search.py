@@ -689,6 +689,58 @@ def test_lead_margin_puts_the_first_answer_towers_sure_answer_on_top(make_settin
         assert c.get("/v1/info").json()["first_answer"] is None
 
 
+def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_settings, starter_bank, direct):
+    """hub_weight: the query's and the expanded query's first 100 results ordered by score less the weight times
+    each image's hubness against the caption bank, then kept as the request says; scores are the corrected
+    ones, and the consistency report compares the corrected lists. Without a caption bank the field is refused."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.paraphrase.expansions import KeepFirst
+    from paraseek.service.main import create_app
+
+    enc, snap = direct
+    bias = dict(zip(np.asarray(snap.ids).tolist(), starter_bank.hub_bias(np.asarray(snap.vectors())).tolist()))
+    weight = 0.5
+
+    def corrected(v):
+        scores, ids = snap.search_ids(v[None], 100)
+        pairs = [(int(i), float(s) - weight * bias[int(i)]) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        return sorted(pairs, key=lambda p: -p[1])
+
+    def served(text, keep):
+        v = enc.encode_text([text])[0]
+        top = np.argsort(-(starter_bank.vectors @ v))[:6]
+        e = (v + starter_bank.vectors[top].sum(axis=0)) / 7
+        plain, expanded = corrected(v), corrected(e / np.linalg.norm(e))
+        score = dict(expanded) | dict(plain[: keep.n])
+        return [(i, score[i]) for i in keep.serve([i for i, _ in plain], [i for i, _ in expanded])]
+
+    queries = ["a dog lying on a couch", "a puppy resting on a sofa", "a boat on the water", "a pizza with cheese",
+               "a train at a station", "two cats on a bed"]
+    expansion = {"method": "bank", "n": 6, "keep_first": 1, "keep_within": 3}
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+        answers = {(q, w): c.post("/v1/search", json={"query": q, "k": 10, "expansion": {**expansion, "hub_weight": w}})
+                   .json() for q in queries for w in (0, weight)}
+        report = c.post("/v1/search", json={"query": queries[0], "k": 10, "expansion": {**expansion, "hub_weight": weight},
+                                            "consistency": {"paraphrases": [queries[1]], "k": 10}}).json()["consistency"]
+        for bad in (-0.1, 3, "0.5"):
+            assert_error_names(c.post("/v1/search", json={"query": "x", "expansion": {**expansion, "hub_weight": bad}}),
+                               ["body", "expansion", "hub_weight"])
+    changed = []
+    for q in queries:
+        want = served(q, KeepFirst(1, 3))
+        body = answers[(q, weight)]
+        assert [x["id"] for x in body["results"]] == [i for i, _ in want[:10]], q
+        assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in want[:10]], abs=1e-4)
+        changed.append([x["id"] for x in body["results"]] != [x["id"] for x in answers[(q, 0)]["results"]])
+    assert any(changed)  # the weight moves lists here
+    assert report["ids"] == [i for i, _ in served(queries[0], KeepFirst(1, 3))[:10]]
+    assert report["paraphrases"][0]["ids"] == [i for i, _ in served(queries[1], KeepFirst(1, 3))[:10]]
+    with TestClient(create_app(make_settings())) as c:  # no caption bank here
+        assert_error_names(c.post("/v1/search", json={"query": "x", "expansion": {"method": "prf", "hub_weight": weight}}),
+                           ["body", "expansion", "hub_weight"], status=400)
+
+
 def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_settings, tiny_clip):
     from fastapi.testclient import TestClient
 
@@ -957,16 +1009,17 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
 
 
-@pytest.mark.parametrize("starter, head, method, n, rounds, within, lead", [
-    ("robust", False, "bank", 64, 3, 7, False), ("robust", True, "bank", 64, 3, 7, False),
-    ("robust", False, "bank", 64, 3, 7, True),
-    ("plain", True, "head", 3, 0, 0, False), ("plain", False, "bank", 30, 1, 0, False)])
-def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, lead,
+@pytest.mark.parametrize("starter, head, method, n, rounds, within, hub, lead", [
+    ("robust", False, "bank", 64, 3, 7, 0.55, False), ("robust", True, "bank", 64, 3, 7, 0.55, False),
+    ("robust", False, "bank", 64, 3, 7, 0.55, True),
+    ("plain", True, "head", 3, 0, 0, 0.25, False), ("plain", False, "bank", 30, 1, 0, 0.0, False)])
+def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, hub, lead,
                                                                make_settings, starter_bank, starter_bundle, tmp_path):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the
     server applies it when a request names none. The plain starter's is its bank's head, where the bank
     has one (the default bank gets the shipped one), else one round of 30 bank captions. The robust
-    starter's takes the plain starter's sure first answers (lead_margin) where the plain starter is built."""
+    starter's corrects hubs; where the plain starter is built it is the first-answer bundle, and the
+    default stays the same (no lead_margin)."""
     import shutil
 
     from fastapi.testclient import TestClient
@@ -987,10 +1040,10 @@ def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, me
         shutil.copytree(starter_bundle, settings.plain_starter_bundle_dir)
     settings = with_embedded_defaults(settings)
     expansion = Expansion.model_validate_json(settings.default_expansion)
-    assert (expansion.method, expansion.n, expansion.rounds, expansion.keep_first, expansion.keep_within) == \
-        (method, n, rounds, 1, within)
+    assert (expansion.method, expansion.n, expansion.rounds, expansion.keep_first, expansion.keep_within,
+            expansion.hub_weight) == (method, n, rounds, 1, within, hub)
     assert (expansion.lead_margin, settings.first_answer_bundle) == \
-        ((0.035, settings.plain_starter_bundle_dir) if lead else (None, None))
+        (None, settings.plain_starter_bundle_dir if lead else None)
     with TestClient(create_app(settings)) as c:
         default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
         explicit = c.post("/v1/search", json={"query": "a kitchen with a stove",
