@@ -5,7 +5,8 @@ expansion (30 neighbours), and with bank expansion below the query's own first a
 (three: the robust default), and the bank's query head (``head``) below the first answer (within 7, or
 always: the plain starter's default), half its move without a keep rule (``blend``), and with one round of
 64 (``paraseek models train-head``), and the robust default with the first-answer bundle's sure answers on
-top (``lead_margin``: one more text-tower pass; only where the server has a first-answer bundle). Rounds
+top (``lead_margin``: one more text-tower pass; only where the server has a first-answer bundle), and the
+robust default's lists reordered by hub-corrected scores (``hub_weight``: 100 results searched a list). Rounds
 alternate the configurations so a drift of the machine hits all of them alike; medians over the rounds.
 
     python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3] [--starter plain]
@@ -36,6 +37,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bank64 x3 keep 1 in 7": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7},
     "bank64 x3 in 7 + lead": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7,
                               "lead_margin": 0.035},
+    "bank64 x3 in 7 + hub": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7,
+                             "hub_weight": 0.55},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
     "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
     "head keep_first 1": {"method": "head", "rounds": 0, "keep_first": 1},

@@ -8,7 +8,6 @@ is missing (a machine without torch serves a prebuilt bundle and is told how to 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -60,8 +59,8 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
     bundle, snap_root = settings.starter_bundle_dir, settings.snapshot_root
     built = (bundle / "manifest.json").is_file()
     older = outdated_starter(bundle) if built and not rebuild else None
-    # the robust starter's first-answer bundle (its default lead_margin) is the plain starter, written by
-    # the same build
+    # the robust starter's first-answer bundle (the plain starter's sentence embeddings and first answers
+    # beside it) is the plain starter, written by the same build
     first_answer = settings.plain_starter_bundle_dir if _plain_starter_leads(settings) else None
     if rebuild or not built or older is not None:
         try:
@@ -83,12 +82,12 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
             build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None,
                           plain_out=first_answer)
     if first_answer is not None and not _current_starter(first_answer):
-        # a robust starter built before it came with one (or torch is missing: it serves without the lead)
+        # a robust starter built before it came with one (or torch is missing: it serves without one)
         try:
             from paraseek.training.export.starter import build_starter
         except ImportError as exc:
             log.warning("no first-answer bundle in %s and torch is not installed here to build it (%s): the robust "
-                        "starter serves without lead_margin", first_answer, exc)
+                        "starter serves without one (no lead_margin, no plain sentence embeddings)", first_answer, exc)
         else:
             log.warning("building the robust starter's first-answer bundle (the plain starter) in %s ...", first_answer)
             build_starter(first_answer)
@@ -135,15 +134,16 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
 # shipped head, learnt from the robust starter's ranking, orders the rest with no lookup: 0.829-0.831,
 # 32.6, 82.3-82.5 over three head seeds, where one bank round of 30 gave 0.815, 32.6, 81.0
 # (robust_starter.md, "The robust ranking on the plain tower"). {"method": "none"} opts out.
+# Both also order each list by score less a share of the image's hubness against the caption bank
+# (hub_weight), so images that score high for any caption stop taking first answers (robust_starter.md,
+# "Hubs"). Robust, 0.55: AO@10 0.901, T2I R@1 33.8, R@10 81.8, above the plain starter's R@1 (32.6), where
+# the plain tower's sure first answer on top (lead_margin 0.035, the former default) reached 31.7.
+# Plain, 0.25: 0.828, 33.2, 85.3 (a higher weight gives up AO@10: 0.823 at 0.5).
 EMBEDDED_DEFAULT_EXPANSION = {
-    "robust": '{"method": "bank", "n": 64, "rounds": 3, "fusion": "mean", "keep_first": 1, "keep_within": 7}',
-    "plain": '{"method": "head", "keep_first": 1}',
+    "robust": '{"method": "bank", "n": 64, "rounds": 3, "fusion": "mean", "keep_first": 1, "keep_within": 7, '
+              '"hub_weight": 0.55}',
+    "plain": '{"method": "head", "keep_first": 1, "hub_weight": 0.25}',
 }
-# With the plain starter as its first-answer bundle, the robust default also puts the plain tower's first
-# answer on top where that tower's first score beats its second by more than 0.035: AO@10 0.901, T2I R@1
-# 31.7, R@10 77.9; 1.1 more of R@1 for 0.002 of AO@10 (on 1,264 CxC pairs scored 3-4, never tuned on: AO@10
-# 0.836 against 0.838), for one more text-tower pass a query (robust_starter.md, "A confident first answer").
-ROBUST_LEAD_MARGIN = 0.035
 # the plain starter's default where its bank has no head (PARASEEK_CAPTION_BANK: a bank of your own captions)
 PLAIN_DEFAULT_WITHOUT_HEAD = '{"method": "bank", "n": 30, "fusion": "mean", "keep_first": 1}'
 
@@ -170,16 +170,14 @@ def _current_starter(bundle: Path) -> bool:
 
 def with_embedded_defaults(settings: Settings) -> Settings:
     """The embedded default serves with the measured best expansion unless one is configured, and the
-    robust starter with the plain starter as its first-answer bundle where it is built."""
+    robust starter with the plain starter as its first-answer bundle where it is built (its sentence
+    embeddings by name on ``/v1/embeddings``, its first answers for a request's ``lead_margin``)."""
     update: dict = {}
-    lead = settings.first_answer_bundle is not None
     if _plain_starter_leads(settings) and _current_starter(settings.plain_starter_bundle_dir):
-        update["first_answer_bundle"], lead = settings.plain_starter_bundle_dir, True
+        update["first_answer_bundle"] = settings.plain_starter_bundle_dir
     if settings.default_expansion is None:
         expansion = EMBEDDED_DEFAULT_EXPANSION[settings.starter]
         if settings.starter == "plain" and not _bank_has_head(settings):
             expansion = PLAIN_DEFAULT_WITHOUT_HEAD
-        if settings.starter == "robust" and lead:
-            expansion = json.dumps({**json.loads(expansion), "lead_margin": ROBUST_LEAD_MARGIN})
         update["default_expansion"] = expansion
     return settings.model_copy(update=update)
