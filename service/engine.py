@@ -399,7 +399,8 @@ class SearchEngine:
     async def _correct_hubs(self, active: Active, hub: HubCorrection, searched: Searched) -> None:
         """``hub_weight``: the served tower's lists reordered by their hub-corrected scores (the first-answer
         tower's lists keep that tower's own scores: the bank's hubness is the served tower's)."""
-        rows = [r for r in range(len(searched.ids)) if r not in set(searched.rows.lead_rows())]
+        lead = set(searched.rows.lead_rows())
+        rows = [r for r in range(len(searched.ids)) if r not in lead]
         try:
             bias = await asyncio.to_thread(self.expansion_sources.hub_bias, active, searched.ids[rows])
         except RequestError as exc:  # no caption bank: the field that needs one is this one

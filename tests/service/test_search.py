@@ -689,10 +689,12 @@ def test_lead_margin_puts_the_first_answer_towers_sure_answer_on_top(make_settin
         assert c.get("/v1/info").json()["first_answer"] is None
 
 
-def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_settings, starter_bank, direct):
+def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_settings, starter_bank, direct,
+                                                                     whole_photo_robust_bundle):
     """hub_weight: the query's and the expanded query's first 100 results ordered by score less the weight times
     each image's hubness against the caption bank, then kept as the request says; scores are the corrected
-    ones, and the consistency report compares the corrected lists. Without a caption bank the field is refused."""
+    ones, and the consistency report compares the corrected lists. A first-answer tower's lead keeps that
+    tower's own scores (the bank's hubness is the served tower's). Without a caption bank the field is refused."""
     from fastapi.testclient import TestClient
 
     from paraseek.paraphrase.expansions import KeepFirst
@@ -718,9 +720,12 @@ def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_setti
     queries = ["a dog lying on a couch", "a puppy resting on a sofa", "a boat on the water", "a pizza with cheese",
                "a train at a station", "two cats on a bed"]
     expansion = {"method": "bank", "n": 6, "keep_first": 1, "keep_within": 3}
-    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path,
+                                             first_answer_bundle=whole_photo_robust_bundle))) as c:
         answers = {(q, w): c.post("/v1/search", json={"query": q, "k": 10, "expansion": {**expansion, "hub_weight": w}})
                    .json() for q in queries for w in (0, weight)}
+        led = c.post("/v1/search", json={"query": queries[2], "k": 10,
+                                         "expansion": {**expansion, "hub_weight": weight, "lead_margin": 0}}).json()
         report = c.post("/v1/search", json={"query": queries[0], "k": 10, "expansion": {**expansion, "hub_weight": weight},
                                             "consistency": {"paraphrases": [queries[1]], "k": 10}}).json()["consistency"]
         for bad in (-0.1, 3, "0.5"):
@@ -734,6 +739,11 @@ def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_setti
         assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in want[:10]], abs=1e-4)
         changed.append([x["id"] for x in body["results"]] != [x["id"] for x in answers[(q, 0)]["results"]])
     assert any(changed)  # the weight moves lists here
+    lead_scores, lead_ids = snap.search_ids(Encoder(whole_photo_robust_bundle).encode_text([queries[2]]), 1)
+    rest = [(i, s) for i, s in served(queries[2], KeepFirst(1, 3)) if i != int(lead_ids[0][0])]
+    want_led = [(int(lead_ids[0][0]), float(lead_scores[0][0]))] + rest[:9]  # the lead's raw score, then corrected ones
+    assert [x["id"] for x in led["results"]] == [i for i, _ in want_led]
+    assert [x["score"] for x in led["results"]] == pytest.approx([sc for _, sc in want_led], abs=1e-4)
     assert report["ids"] == [i for i, _ in served(queries[0], KeepFirst(1, 3))[:10]]
     assert report["paraphrases"][0]["ids"] == [i for i, _ in served(queries[1], KeepFirst(1, 3))[:10]]
     with TestClient(create_app(make_settings())) as c:  # no caption bank here
