@@ -6,7 +6,8 @@ Specs: every method of the registry (``paraseek.paraphrase.expansions``), each w
 ``wordnet:N[:MIN_COS]``, ``ppdb:N[:MIN_COS]`` (text rewrites; rewrites whose embedding has a cosine
 below MIN_COS to the query's are dropped, the guard), ``bank:N[:mean|weighted]`` (caption bank
 neighbours), ``head[:ROUNDS[:N]]`` (the bank's query head, then ROUNDS bank rounds of N neighbours),
-``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images). Any spec may end with
+``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images), ``none:hubW`` (the query as it is, the
+hub correction alone). Any spec may end with
 ``:keepK`` or ``:keepKinW``: the unexpanded query's first K results lead the list (the request's
 ``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``),
 then ``:leadM``: a second tower's first answer (``--first-answer-bundle``) goes on top where its first
@@ -131,6 +132,12 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         raise UserError(f"--expansion {spec!r}: the first-answer bundle {first_answer.path} embeds into image space "
                         f"{first_answer.image_space!r}, not {encoder.image_space!r} like {encoder.path}")
     lead_encoder = first_answer if lead else None
+    if name == "none":  # ``none:hubW``: the correction alone, the query as it is
+        if args or keep or lead or not hub:
+            raise UserError(f"--expansion {spec!r}: none takes only :hubW (the hub correction without an expansion)")
+        bank_path = bank or configured_bank_dir(settings, encoder.manifest)
+        return Expansion(f"none-{hub.label}", lambda texts, vectors: vectors, hub=hub,
+                         image_bias=CaptionBank.load(bank_path, encoder).hub_bias(np.asarray(snapshot.vectors())))
     try:
         method = expansion_method(name)
         params = method.from_spec(args)

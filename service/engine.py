@@ -330,9 +330,10 @@ class SearchEngine:
     # -- search --------------------------------------------------------------------------------
     def effective_expansion(self, req: SearchRequest) -> SearchRequest:
         """The request with the server's default expansion applied when it names none; an explicit
-        ``{"method": "none"}`` opts out."""
+        ``{"method": "none"}`` opts out (with a ``hub_weight``, that correction alone)."""
         if req.expansion is not None:
-            return req if req.expansion.method != "none" else req.model_copy(update={"expansion": None})
+            e = req.expansion
+            return req if e.method != "none" or e.hub_weight > 0 else req.model_copy(update={"expansion": None})
         if self.default_expansion is None or req.query is None or req.terms:
             return req
         return req.model_copy(update={"expansion": self.default_expansion})

@@ -122,9 +122,9 @@ def lead_of(req: SearchRequest) -> ConfidentLead:
 
 
 def hub_of(req: SearchRequest) -> HubCorrection:
-    """The request's ``hub_weight`` (none without an expansion)."""
+    """The request's ``hub_weight`` (with any method, ``none`` too: the correction without an expansion)."""
     e = req.expansion
-    return HubCorrection(e.hub_weight) if e is not None and e.method != "none" else HubCorrection()
+    return HubCorrection(e.hub_weight) if e is not None else HubCorrection()
 
 
 def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None = None,

@@ -105,7 +105,7 @@ class Expansion(StrictModel):
         0.0, ge=0, le=2, description="the first 100 results ordered again by score less this times the image's "
         "hubness against the caption bank (how strongly its best-matching bank captions match it, whatever they "
         "say): images that score high for every query stop taking first answers; the scores shown are the corrected "
-        "ones. 0: off")
+        "ones. Any method, none too (the correction alone). 0: off")
 
     @field_validator("n")
     @classmethod

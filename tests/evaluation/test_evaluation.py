@@ -231,7 +231,11 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
     first, deeper = corrected(qa, 1), corrected(hand / np.linalg.norm(hand, axis=1, keepdims=True), 14)
     want = [KeepFirst(1, 4).serve(f, d)[:10] for f, d in zip(first, deeper)]
     assert [a for a, _ in hub_served.lists] == want and want != [a for a, _ in served.lists]
-    for bad in ("bank:5:hub0", "bank:5:hub3", "bank:5:hubx"):
+    alone = parse_expansion("none:hub0.5", enc, snap, bank=bank.path)  # the correction without an expansion
+    assert alone.label == "none-hub0.5"
+    assert [a for a, _ in evaluate_pairs(enc, snap, pairs, k=10, expand=alone.expand, hub=alone.hub,
+                                         image_bias=alone.image_bias, progress=False).lists] == corrected(qa, 10)
+    for bad in ("bank:5:hub0", "bank:5:hub3", "bank:5:hubx", "none", "none:3:hub0.5", "none:keep1:hub0.5"):
         with pytest.raises(UserError, match="hubW"):
             parse_expansion(bad, enc, snap, bank=bank.path)
     for bad, message in (("bank:5:lead0.1", "first-answer-bundle"), ("bank:5:leadx", "leadM"), ("bank:5:lead3", "leadM")):

@@ -726,6 +726,8 @@ def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_setti
                    .json() for q in queries for w in (0, weight)}
         led = c.post("/v1/search", json={"query": queries[2], "k": 10,
                                          "expansion": {**expansion, "hub_weight": weight, "lead_margin": 0}}).json()
+        alone = c.post("/v1/search", json={"query": queries[3], "k": 10,  # method none: the correction alone
+                                           "expansion": {"method": "none", "hub_weight": weight}}).json()
         report = c.post("/v1/search", json={"query": queries[0], "k": 10, "expansion": {**expansion, "hub_weight": weight},
                                             "consistency": {"paraphrases": [queries[1]], "k": 10}}).json()["consistency"]
         for bad in (-0.1, 3, "0.5"):
@@ -741,6 +743,8 @@ def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_setti
     assert any(changed)  # the weight moves lists here
     lead_scores, lead_ids = snap.search_ids(Encoder(whole_photo_robust_bundle).encode_text([queries[2]]), 1)
     rest = [(i, s) for i, s in served(queries[2], KeepFirst(1, 3)) if i != int(lead_ids[0][0])]
+    want_alone = corrected(enc.encode_text([queries[3]])[0])[:10]
+    assert [(x["id"], x["score"]) for x in alone["results"]] == [(i, pytest.approx(sc, abs=1e-4)) for i, sc in want_alone]
     want_led = [(int(lead_ids[0][0]), float(lead_scores[0][0]))] + rest[:9]  # the lead's raw score, then corrected ones
     assert [x["id"] for x in led["results"]] == [i for i, _ in want_led]
     assert [x["score"] for x in led["results"]] == pytest.approx([sc for _, sc in want_led], abs=1e-4)
