@@ -132,12 +132,15 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         raise UserError(f"--expansion {spec!r}: the first-answer bundle {first_answer.path} embeds into image space "
                         f"{first_answer.image_space!r}, not {encoder.image_space!r} like {encoder.path}")
     lead_encoder = first_answer if lead else None
+    load_bank = lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest), encoder)  # noqa: E731
+
+    def image_bias() -> np.ndarray | None:  # read once the spec is known to be valid
+        return load_bank().hub_bias(np.asarray(snapshot.vectors())) if hub else None
+
     if name == "none":  # ``none:hubW``: the correction alone, the query as it is
         if args or keep or lead or not hub:
             raise UserError(f"--expansion {spec!r}: none takes only :hubW (the hub correction without an expansion)")
-        bank_path = bank or configured_bank_dir(settings, encoder.manifest)
-        return Expansion(f"none-{hub.label}", lambda texts, vectors: vectors, hub=hub,
-                         image_bias=CaptionBank.load(bank_path, encoder).hub_bias(np.asarray(snapshot.vectors())))
+        return Expansion(f"none-{hub.label}", lambda texts, vectors: vectors, hub=hub, image_bias=image_bias())
     try:
         method = expansion_method(name)
         params = method.from_spec(args)
@@ -146,18 +149,16 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         raise UserError(f"--expansion {spec!r}: {exc}") from None
     label = (method.spec_label(params) + (f"-{keep.label}" if keep else "") + (f"-{lead.label}" if lead else "")
              + (f"-{hub.label}" if hub else ""))
-    load_bank = lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest), encoder)  # noqa: E731
-    image_bias = load_bank().hub_bias(np.asarray(snapshot.vectors())) if hub else None
     if isinstance(method, RewriteExpansion):
         if params.fusion != "mean":
             raise UserError(f"--expansion {spec!r}: the harness fuses rewrites by their mean")
         source = make_source(method.source, settings, ppdb_path=ppdb)
         return Expansion(label, guarded_text_expander(encoder, lambda t: source.paraphrases(t, params.n), params.min_cos),
-                         keep, lead, lead_encoder, hub, image_bias)
+                         keep, lead, lead_encoder, hub, image_bias())
     assert isinstance(method, VectorExpansion)
     lookups = DirectLookups(snapshot, load_bank)
     return Expansion(label, lambda texts, vectors: asyncio.run(method.expand(vectors, params, lookups))[0], keep, lead,
-                     lead_encoder, hub, image_bias)
+                     lead_encoder, hub, image_bias())
 
 
 def spec_help() -> str:

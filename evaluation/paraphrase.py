@@ -45,12 +45,11 @@ def hub_search(snapshot, hub: HubCorrection, image_bias: np.ndarray | None) -> C
     set (``image_bias``: each snapshot row's hubness)."""
     if not hub or image_bias is None:
         return snapshot.search_ids
-    row_of = {int(i): r for r, i in enumerate(snapshot.ids)}
 
     def search(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         scores, ids = snapshot.search_ids(vectors, hub.depth(k))
-        bias = np.array([[image_bias[row_of[int(i)]] if i >= 0 else 0.0 for i in row] for row in ids], np.float32)
-        scores, ids = hub.rerank(scores, ids, bias)
+        rows, found = snapshot.metadata.id_rows.lookup(ids)  # padding (-1) is not found
+        scores, ids = hub.rerank(scores, ids, np.where(found, image_bias[rows], 0.0))
         return scores[:, :k], ids[:, :k]
 
     return search

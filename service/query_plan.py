@@ -65,11 +65,8 @@ class QueryRows:
     first_lead_paraphrase: int | None = None  # and where its rows of the (expanded, so served) paraphrases start
 
     def lead_rows(self) -> list[int]:
-        """The rows of the first-answer tower (the others are the served tower's)."""
-        if self.lead_query is None:
-            return []
-        end = len(self.matrix) if self.first_lead_paraphrase is not None else self.lead_query + 1
-        return list(range(self.lead_query, end))
+        """The rows of the first-answer tower (the others are the served tower's): ``plan_rows`` puts them last."""
+        return list(range(self.lead_query, len(self.matrix))) if self.lead_query is not None else []
 
     def served(self, ids: np.ndarray, scores: np.ndarray, row: int, plain_row: int, lead_row: int | None = None) -> list[int]:
         """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin; ``lead_row``
