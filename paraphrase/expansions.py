@@ -174,7 +174,7 @@ class ExpansionMethod(ABC):
     spec_help: str  # the evaluation harness's --expansion syntax (any spec may end with :keepK[inW], ``KeepFirst``)
     kind: ClassVar[Literal["rewrites", "vectors"]]
     fusions: ClassVar[tuple[str, ...]] = ("mean",)
-    max_n: ClassVar[int] = 64
+    max_n: ClassVar[int] = 128  # bank neighbours: one product with the bank whatever n is; fusing 128 costs little
     min_rounds: ClassVar[int] = 1
     max_rounds: ClassVar[int] = 1
     default_rounds: ClassVar[int] = 1  # a request's rounds when it names none

@@ -74,7 +74,7 @@ class Expansion(StrictModel):
         "head: the caption bank's query head (its mean shift learnt; no lookup), then `rounds` bank rounds; "
         "prf: pseudo-relevance feedback from the top images (Rocchio); none: no expansion, even when the "
         "server applies one by default", json_schema_extra=_enum_of(lambda: [*EXPANSIONS, "none"]))
-    n: StrictInt = Field(3, ge=1, le=64, description="text rewrites (at most 16), or bank neighbours")
+    n: StrictInt = Field(3, ge=1, le=128, description="text rewrites (at most 16), or bank neighbours (at most 128)")
     fusion: Literal["mean", "rrf", "weighted"] = Field(
         "mean", description="mean: mean of normalised embeddings (Cheng et al. eq. 5); rrf: reciprocal-rank fusion "
         "(text rewrites); weighted: similarity-weighted mean (bank)")

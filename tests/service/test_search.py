@@ -156,6 +156,7 @@ BAD_BODIES = [  # (body, status, loc)
     ({"query": "x", "expansion": {"method": "llm"}}, 400, ["body", "expansion", "method"]),
     ({"query": "x", "expansion": {"method": "ppdb"}}, 400, ["body", "expansion", "method"]),
     ({"query": "x", "expansion": {"method": "wordnet", "n": 17}}, 422, ["body", "expansion", "n"]),
+    ({"query": "x", "expansion": {"method": "bank", "n": 129}}, 422, ["body", "expansion", "n"]),
     ({"query": "x", "consistency": {}}, 422, ["body", "consistency"]),
     ({"query": "x", "consistency": {"paraphrases": ["ok", " "]}}, 422, ["body", "consistency", "paraphrases"]),
     ({"terms": [{"text": "a", "weight": 1}, {"text": "a", "weight": -1}]}, 422, ["body", "terms"]),
@@ -1024,8 +1025,8 @@ def test_metrics_the_dashboard_reads(client):
 
 
 @pytest.mark.parametrize("starter, head, method, n, rounds, within, hub, lead", [
-    ("robust", False, "bank", 64, 3, 7, 0.55, False), ("robust", True, "bank", 64, 3, 7, 0.55, False),
-    ("robust", False, "bank", 64, 3, 7, 0.55, True),
+    ("robust", False, "bank", 72, 3, 7, 0.55, False), ("robust", True, "bank", 72, 3, 7, 0.55, False),
+    ("robust", False, "bank", 72, 3, 7, 0.55, True),
     ("plain", True, "head", 3, 0, 0, 0.25, False), ("plain", False, "bank", 30, 1, 0, 0.0, False)])
 def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, hub, lead,
                                                                make_settings, starter_bank, starter_bundle, tmp_path):
