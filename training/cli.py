@@ -242,7 +242,8 @@ def train_head_cmd(
                                            "captions and the head learns to output that from this bundle's vectors."),
     teacher_bank: Optional[Path] = typer.Option(None, help="With --teacher: a bank of the teacher's holding a query head; "
                                                 "the teacher's vectors are moved by it (--teacher-blend of the way)."),
-    teacher_blend: float = typer.Option(0.5, help="With --teacher-bank: the share of its head's move in the target."),
+    teacher_blend: float = typer.Option(1.0, help="With --teacher-bank: the share of its head's move in the target (the "
+                                        "plain starter's shipped head: 1; at query time `blend` dials it down)."),
     rewrites: Optional[int] = typer.Option(None, min=0, help="With --teacher: also learn from this many rewritten copies of "
                                            "each caption (WordNet synonyms, dropped words; needs NLTK's WordNet). "
                                            "Default 2 with --teacher."),

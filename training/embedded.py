@@ -131,16 +131,18 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
 # has it in its top 7: AO@10 0.903, T2I R@1 30.6, R@10 77.0 (alone 0.803, 30.9, 84.4). Two rounds
 # within 5, v2's default, stay under 0.90 over v3's image side (0.8996, 30.4) for one lookup fewer.
 # The plain tower keeps its first answer always (within 5 would cost it R@1, 32.6 -> 31.1) and its
-# shipped head, learnt from the robust starter's ranking, orders the rest with no lookup: 0.829-0.831,
-# 32.6, 82.3-82.5 over three head seeds, where one bank round of 30 gave 0.815, 32.6, 81.0
-# (robust_starter.md, "The robust ranking on the plain tower"). {"method": "none"} opts out.
+# shipped head, learnt from the robust starter's whole served move, orders the rest with no lookup
+# (robust_starter.md, "The robust ranking on the plain tower" and "The plain starter's head learns the
+# whole move"). {"method": "none"} opts out.
 # Both also order each list by score less a share of the image's hubness against the caption bank
 # (hub_weight), so images that score high for any caption stop taking first answers (robust_starter.md,
 # "Hubs"). Robust, 0.55: AO@10 0.901, T2I R@1 33.8, R@10 81.8, above the plain starter's R@1 (32.6), where
 # the plain tower's sure first answer on top (lead_margin 0.035, the former default) reached 31.7. With 72
 # neighbours a round instead of 64: 0.902, 33.7, 81.4, and on the CxC val pairs, not tuned on, AO@10 0.839
 # against 0.835 (388 pairs steadier, 268 less; "Seventy-two neighbours").
-# Plain, 0.25: 0.828, 33.2, 85.3 (a higher weight gives up AO@10: 0.823 at 0.5).
+# Plain, 0.25: 0.851-0.852, 33.2, 81.3-82.6 over three head seeds (0.848-0.850, 32.6, 80.1-81.0 without
+# the correction; a higher weight gives up AO@10: 0.842-0.845 at 0.5), where a head learnt half the move
+# gave 0.827-0.829, 33.2, 84.9-85.3.
 EMBEDDED_DEFAULT_EXPANSION = {
     "robust": '{"method": "bank", "n": 72, "rounds": 3, "fusion": "mean", "keep_first": 1, "keep_within": 7, '
               '"hub_weight": 0.55}',

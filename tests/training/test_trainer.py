@@ -234,9 +234,9 @@ def test_robust_recipe_on_an_open_clip_tower_with_a_bank_of_the_users_captions(t
     frozen, taught = Encoder(bundle, load_image=False), Encoder(trained, load_image=False)
     robust_bank, frozen_bank = CaptionBank.load(tmp_path / "robust", taught), CaptionBank.load(tmp_path / "frozen", frozen)
     assert robust_bank.head is not None and frozen_bank.head is not None
-    assert frozen_bank.head.config["teacher"] == f"{taught.name} v{taught.version} + its head@0.5"
+    assert frozen_bank.head.config["teacher"] == f"{taught.name} v{taught.version} + its head@1"
     # the frozen tower's captions, moved by the taught head, come nearer the trained tower's ranking vectors
-    targets = robust_bank.head(robust_bank.vectors, 0.5)
+    targets = robust_bank.head(robust_bank.vectors)
     before = np.mean(np.sum(frozen_bank.vectors * targets, 1))
     assert np.mean(np.sum(frozen_bank.head(frozen_bank.vectors) * targets, 1)) > before
     # and the frozen tower as the trained one's first-answer bundle (`lead_margin`): one image space, one index
