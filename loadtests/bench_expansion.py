@@ -37,6 +37,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bank64 x3 keep 1 in 7": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7},
     "bank64 x3 in 7 + lead": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7,
                               "lead_margin": 0.035},
+    "bank64 x3 in 7 + hub": {"method": "bank", "n": 64, "rounds": 3, "keep_first": 1, "keep_within": 7,
+                             "hub_weight": 0.55},
     "bank72 x3 in 7 + hub": {"method": "bank", "n": 72, "rounds": 3, "keep_first": 1, "keep_within": 7,
                              "hub_weight": 0.55},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
