@@ -45,6 +45,10 @@ SHIPPED_VECTORS = Path(__file__).resolve().parent / "data"
 # row is below 2.5e-4, while an int8 tower or other weights move them by 1e-2 or more
 SHIPPED_CHECK_ROWS = 32
 SHIPPED_CHECK_ATOL = 1e-3
+# query heads the package shipped once and has since replaced (``QueryHead.digest``): a default bank holding
+# one gets the current shipped head at the next start; a head trained by the user is never among them.
+# 8bb3...: the plain starter v3's head learnt half the robust starter's move, shipped until 2026-11-28
+SUPERSEDED_HEADS = frozenset({"8bb3e21c12fca200165462bb109073184409cdeb0512452957bf5a1551bb5203"})
 FUSIONS = ("mean", "weighted")
 # hub_bias: near a max over the bank (the image's best-matching captions), soft enough that one odd caption
 # does not set it alone (robust starter v3: 0.01-0.05 all lift R@1, loadtests/results/robust_starter.md "Hubs")
@@ -269,12 +273,18 @@ def default_bank(home: Path, encoder: Encoder) -> CaptionBank:
     return with_shipped_head(bank, encoder)
 
 
+def holds_superseded_head(folder: Path) -> bool:
+    """Whether the bank in ``folder`` holds a query head the package shipped once and has since replaced."""
+    return (folder / HEAD_FILE).is_file() and QueryHead.read(folder).digest in SUPERSEDED_HEADS
+
+
 def with_shipped_head(bank: CaptionBank, encoder: Encoder) -> CaptionBank:
     """``bank`` with the package's query head for its bundle added, where the bank lacks one (a default bank
-    written before the head shipped gets it too). A mean-shift head is added only to a bank holding the
-    shipped vectors it was trained on; a head learnt from a teacher depends on the bundle alone."""
+    written before the head shipped gets it too) or holds one the package has since replaced. A mean-shift
+    head is added only to a bank holding the shipped vectors it was trained on; a head learnt from a teacher
+    depends on the bundle alone."""
     path, vectors = shipped_head_path(encoder.manifest), shipped_vectors_path(encoder.manifest)
-    if bank.head is not None or not path.is_file():
+    if not path.is_file() or (bank.head is not None and bank.head.digest not in SUPERSEDED_HEADS):
         return bank
     head = QueryHead.read(path)
     if head.config.get("teacher"):

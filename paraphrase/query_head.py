@@ -8,6 +8,7 @@ the same arithmetic in torch (GELU in its tanh form on both sides, so the two ag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -82,6 +83,14 @@ class QueryHead:
     @property
     def dim(self) -> int:
         return int(self.weights[0].shape[1])
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the float16 weights as ``write`` stores them: which head this is, whatever file holds it."""
+        h = hashlib.sha256()
+        for a in (*self.weights, *self.biases):
+            h.update(np.ascontiguousarray(a, dtype=np.float16).tobytes())
+        return h.hexdigest()
 
     def __call__(self, queries: np.ndarray, blend: float = 1.0) -> np.ndarray:
         """The moved queries, normalised; (Q, d) or (d,) as given. ``blend`` < 1 moves them only that share of

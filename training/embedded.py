@@ -19,7 +19,7 @@ from paraseek.index.builder import copy_snapshot
 from paraseek.index.demo import build_demo_snapshot
 from paraseek.index.snapshot import Snapshot, current_version
 from paraseek.index.backends import store_from_settings
-from paraseek.paraphrase.caption_bank import bank_dir, default_bank, shipped_head_path
+from paraseek.paraphrase.caption_bank import bank_dir, default_bank, holds_superseded_head, shipped_head_path
 from paraseek.paraphrase.query_head import HEAD_FILE
 from paraseek.training.export.starter_release import ROBUST_NAME, STARTER_NAME, STARTER_VERSION
 
@@ -102,16 +102,18 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
     need_snapshot = rebuild or current_version(snap_root) is None
     manifest = read_manifest(bundle, verify=False)
     bank = bank_dir(settings.home, manifest)
-    # a bank written before the package shipped its query head gets the head on the next start
+    # a bank written before the package shipped its query head, or holding one it has since replaced, gets the
+    # shipped head on the next start
     need_bank = with_bank and (rebuild or not (bank / "manifest.json").is_file()
-                               or (shipped_head_path(manifest).is_file() and not (bank / HEAD_FILE).is_file()))
+                               or (shipped_head_path(manifest).is_file()
+                                   and (not (bank / HEAD_FILE).is_file() or holds_superseded_head(bank))))
     if need_snapshot or need_bank:
         encoder = Encoder(bundle, load_image=need_snapshot)
         if need_snapshot:
             log.warning("indexing the demo gallery into %s ...", snap_root)
             build_demo_snapshot(encoder, snap_root, progress=progress)
         if need_bank:
-            log.warning("embedding the caption bank into %s ...", bank)
+            log.warning("writing the caption bank or its shipped query head into %s ...", bank)
             default_bank(settings.home, encoder)
     if settings.index_backend == "milvus":
         # the demo gallery served from Milvus: its vectors copied over once, not re-encoded

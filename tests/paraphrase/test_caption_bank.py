@@ -224,6 +224,35 @@ def test_a_default_bank_embedded_here_gets_the_shipped_head_learnt_from_a_teache
     np.testing.assert_allclose(CaptionBank.load(bank.path, starter_encoder).head(q), taught(q), atol=1e-2)  # float16
 
 
+def test_a_default_bank_holding_a_replaced_shipped_head_gets_the_new_one_and_a_users_head_stays(
+        starter_encoder, small_default_texts, tmp_path, monkeypatch):
+    """An upgrade that ships a new head replaces the old shipped one in a home's default bank at the next
+    start (its digest is among the superseded heads); a head the user trained there is kept."""
+    from paraseek.paraphrase import caption_bank
+    from paraseek.paraphrase.caption_bank import default_bank, holds_superseded_head, shipped_head_path
+    from paraseek.paraphrase.query_head import HEAD_FILE, QueryHead
+    from tests.paraphrase.test_query_head import random_head
+
+    def ship(head):
+        QueryHead(head.weights, head.biases, {"teacher": "robust v3"}).write(tmp_path)
+        (tmp_path / HEAD_FILE).replace(shipped_head_path(starter_encoder.manifest))
+
+    old, new, mine = (random_head(dim=starter_encoder.dim, hidden=8, seed=s) for s in (1, 2, 3))
+    assert len({old.digest, new.digest, mine.digest}) == 3
+    ship(old)
+    bank = default_bank(tmp_path / "home", starter_encoder)
+    assert bank.head is not None and bank.head.digest == old.digest  # float16 as shipped: the same digest
+    ship(new)
+    assert default_bank(tmp_path / "home", starter_encoder).head.digest == old.digest  # not replaced: not superseded
+    assert not holds_superseded_head(bank.path)
+    monkeypatch.setattr(caption_bank, "SUPERSEDED_HEADS", frozenset({old.digest}))
+    assert holds_superseded_head(bank.path)
+    assert default_bank(tmp_path / "home", starter_encoder).head.digest == new.digest
+    assert CaptionBank.load(bank.path, starter_encoder).head.digest == new.digest and not holds_superseded_head(bank.path)
+    CaptionBank.load(bank.path, starter_encoder).with_head(mine)  # `paraseek models train-head` into the default bank
+    assert default_bank(tmp_path / "home", starter_encoder).head.digest == mine.digest
+
+
 def test_the_configured_bank_is_the_setting_else_the_bundles_default_bank(tmp_path):
     from paraseek.core.settings import Settings
     from paraseek.paraphrase.caption_bank import bank_dir, configured_bank_dir

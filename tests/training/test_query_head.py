@@ -163,8 +163,11 @@ def test_the_plain_starters_shipped_head_learnt_the_robust_starters_ranking(star
     from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, SHIPPED_VECTORS, read_caption_texts, shipped_head_path
     from paraseek.training.query_head import held_out_split
 
+    from paraseek.paraphrase.caption_bank import SUPERSEDED_HEADS
+
     head = QueryHead.read(shipped_head_path(starter_encoder.manifest))
     assert head.config["teacher"] == "paraseek-starter-robust v3 + its head@1"
+    assert head.digest not in SUPERSEDED_HEADS  # homes holding the head it replaced get it at their next start
     texts = read_caption_texts(DEFAULT_TEXTS)
     cfg = HeadTraining(**{f.name: head.config[f.name] for f in fields(HeadTraining)})
     held, _ = held_out_split(len(texts), cfg)
