@@ -160,10 +160,9 @@ def test_the_plain_starters_shipped_head_learnt_the_robust_starters_ranking(star
     the plain tower's vectors is far nearer those targets than the plain vectors are."""
     from dataclasses import fields
 
-    from paraseek.paraphrase.caption_bank import DEFAULT_TEXTS, SHIPPED_VECTORS, read_caption_texts, shipped_head_path
+    from paraseek.paraphrase.caption_bank import (DEFAULT_TEXTS, SHIPPED_VECTORS, SUPERSEDED_HEADS, read_caption_texts,
+                                                  shipped_head_path)
     from paraseek.training.query_head import held_out_split
-
-    from paraseek.paraphrase.caption_bank import SUPERSEDED_HEADS
 
     head = QueryHead.read(shipped_head_path(starter_encoder.manifest))
     assert head.config["teacher"] == "paraseek-starter-robust v3 + its head@1"
