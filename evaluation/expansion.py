@@ -19,6 +19,7 @@ request's ``hub_weight``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,8 @@ def parse_expansion(spec: str, encoder: Encoder, snapshot: Snapshot, settings: S
         raise UserError(f"--expansion {spec!r}: the first-answer bundle {first_answer.path} embeds into image space "
                         f"{first_answer.image_space!r}, not {encoder.image_space!r} like {encoder.path}")
     lead_encoder = first_answer if lead else None
-    load_bank = lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest), encoder)  # noqa: E731
+    # one load for both the hub bias and the lookups
+    load_bank = functools.cache(lambda: CaptionBank.load(bank or configured_bank_dir(settings, encoder.manifest), encoder))
 
     def image_bias() -> np.ndarray | None:  # read once the spec is known to be valid
         return load_bank().hub_bias(np.asarray(snapshot.vectors())) if hub else None
