@@ -9,7 +9,8 @@ neighbours), ``head[:ROUNDS[:N]]`` (the bank's query head, then ROUNDS bank roun
 ``prf:M[:ALPHA:BETA]`` (Rocchio feedback from the top M images), ``none:hubW`` (the query as it is, the
 hub correction alone). Any spec may end with
 ``:keepK`` or ``:keepKinW``: the unexpanded query's first K results lead the list (the request's
-``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``),
+``keep_first``; with ``inW`` only those the expanded list ranks within its first W, ``keep_within``; with
+``@B`` those of the query moved the share B of the way to its expanded vector, ``keep_blend``),
 then ``:leadM``: a second tower's first answer (``--first-answer-bundle``) goes on top where its first
 image's score exceeds its second's by more than M (the request's ``lead_margin``), then ``:hubW``: the
 served tower's lists ordered by score less W x each image's hubness against the caption bank (the
@@ -74,10 +75,12 @@ def split_rules(spec: str) -> tuple[list[str], KeepFirst, ConfidentLead, HubCorr
             raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not leadM (M a score margin, 0 to 2)")
         parts, lead = parts[:-1], ConfidentLead(float(match.group(1)))
     if len(parts) > 1 and parts[-1].startswith("keep"):
-        match = re.fullmatch(r"keep(\d+)(?:in(\d+))?", parts[-1])
-        if match is None:
-            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK or keepKinW (whole numbers)")
-        return parts[:-1], KeepFirst(int(match.group(1)), int(match.group(2) or 0)), lead, hub
+        match = re.fullmatch(r"keep(\d+)(?:in(\d+))?(?:@(\d*\.?\d+))?", parts[-1])
+        if match is None or not 0 <= float(match.group(3) or 0) < 1:
+            raise UserError(f"--expansion {spec!r}: {parts[-1]!r} is not keepK or keepKinW (whole numbers), "
+                            "optionally @B (B a share of the expansion's move, 0 to below 1)")
+        keep = KeepFirst(int(match.group(1)), int(match.group(2) or 0), float(match.group(3) or 0))
+        return parts[:-1], keep, lead, hub
     return parts, KeepFirst(), lead, hub
 
 

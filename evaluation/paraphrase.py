@@ -72,9 +72,10 @@ def evaluate_pairs(encoder: Encoder, snapshot, pairs: Sequence[tuple[str, str]],
         if expand is None:
             lists = [[int(x) for x in row if x >= 0] for row in search(plain, k)[1]]
         else:
-            _, expanded = search(expand(texts, plain), k + keep.depth)
+            moved = expand(texts, plain)
+            _, expanded = search(moved, k + keep.depth)
             if keep:
-                _, first = search(plain, keep.n)
+                _, first = search(keep.query(plain, moved), keep.n)
                 lists = [keep.serve(f, e) for f, e in zip(first, expanded)]
             else:
                 lists = [[int(x) for x in row if x >= 0] for row in expanded]

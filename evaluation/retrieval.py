@@ -20,7 +20,7 @@ def cross_modal_recall(image_vecs: np.ndarray, image_ids: Sequence[int], text_ve
                        image_bias: np.ndarray | None = None) -> dict[str, float]:
     """R@k in percent both ways, and RSUM. A caption's relevant image is its own; an image's relevant
     captions are all of its captions. ``keep`` (with the unexpanded ``plain_text_vecs``): text
-    to image ranks as an expansion with ``keep_first`` serves them; ``lead`` (with a second tower's
+    to image ranks as an expansion with ``keep_first`` (and ``keep_blend``) serves them; ``lead`` (with a second tower's
     ``lead_text_vecs``): as its ``lead_margin`` then serves them; ``hub`` (with each image's ``image_bias``):
     the text tower's scores less ``hub.weight`` x the bias first (over the whole gallery, where the service
     reorders its first ``HUB_SHORTLIST``: the same order wherever the first 10 corrected lie within them)."""
@@ -35,7 +35,8 @@ def cross_modal_recall(image_vecs: np.ndarray, image_ids: Sequence[int], text_ve
     if kept or led:
         served: list[list[int]] = np.argsort(-t2i_sim, axis=1).tolist()
         if kept:
-            plain_sim = np.asarray(plain_text_vecs, np.float32) @ np.asarray(image_vecs, np.float32).T
+            kept_vecs = keep.query(np.asarray(plain_text_vecs, np.float32), np.asarray(text_vecs, np.float32))
+            plain_sim = kept_vecs @ np.asarray(image_vecs, np.float32).T
             plain = np.argsort(-(plain_sim - shift), axis=1)
             served = [keep.serve(p, e) for p, e in zip(plain, served)]
         if led:

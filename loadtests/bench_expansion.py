@@ -3,7 +3,8 @@ with ``--starter plain``; demo gallery) answering the same distinct captions wit
 expansion (30 neighbours), and with bank expansion below the query's own first answer (``keep_first``,
 ``keep_within``), and 64 neighbours over three or two mean-shift rounds (``rounds``) below the first answer
 (three: the robust default), and the bank's query head (``head``) below the first answer (within 7, or
-always: the plain starter's default), half its move without a keep rule (``blend``), and with one round of
+always; with hub correction and the kept answer's query moved 0.3 of the way, ``keep_blend``: the plain
+starter's default), half its move without a keep rule (``blend``), and with one round of
 64 (``paraseek models train-head``), and the robust default with the first-answer bundle's sure answers on
 top (``lead_margin``: one more text-tower pass; only where the server has a first-answer bundle), and the
 robust default's lists reordered by hub-corrected scores (``hub_weight``: 100 results searched a list). Rounds
@@ -45,6 +46,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
     "head keep_first 1": {"method": "head", "rounds": 0, "keep_first": 1},
     "head blend 0.5": {"method": "head", "rounds": 0, "blend": 0.5},
+    "head keep 1 + hub": {"method": "head", "rounds": 0, "keep_first": 1, "hub_weight": 0.25},
+    "head keep 1 @0.3 + hub": {"method": "head", "rounds": 0, "keep_first": 1, "keep_blend": 0.3, "hub_weight": 0.5},
     "head+bank64 keep 1 in 7": {"method": "head", "n": 64, "rounds": 1, "keep_first": 1, "keep_within": 7},
 }
 

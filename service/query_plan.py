@@ -59,7 +59,8 @@ class QueryRows:
     plain_query: int  # the plain query's row (consistency compares it with the paraphrases)
     first_paraphrase: int  # the first paraphrase's row
     keep: KeepFirst = KeepFirst()  # ``keep_first``: the plain query's first results lead the list
-    first_plain_paraphrase: int | None = None  # keep with expanded paraphrases: where their plain rows start
+    first_plain_paraphrase: int | None = None  # keep with expanded paraphrases: where their kept rows start
+    keep_query: int | None = None  # the row whose first results are kept (``keep_blend``: its own; else the plain query's)
     lead: ConfidentLead = ConfidentLead()  # ``lead_margin``: the first-answer tower's sure answer on top
     lead_query: int | None = None  # its row of the query
     first_lead_paraphrase: int | None = None  # and where its rows of the (expanded, so served) paraphrases start
@@ -68,9 +69,14 @@ class QueryRows:
         """The rows of the first-answer tower (the others are the served tower's): ``plan_rows`` puts them last."""
         return list(range(self.lead_query, len(self.matrix))) if self.lead_query is not None else []
 
+    @property
+    def kept_query(self) -> int:
+        """The row whose first results ``keep_first`` keeps for the query."""
+        return self.plain_query if self.keep_query is None else self.keep_query
+
     def served(self, ids: np.ndarray, scores: np.ndarray, row: int, plain_row: int, lead_row: int | None = None) -> list[int]:
-        """The list served for ``row`` (searched as expanded; ``plain_row`` its unexpanded twin; ``lead_row``
-        the first-answer tower's)."""
+        """The list served for ``row`` (searched as expanded; ``plain_row`` the row whose first results it keeps,
+        its unexpanded twin or that moved ``keep_blend`` of the way; ``lead_row`` the first-answer tower's)."""
         if self.keep and plain_row != row:
             listed = self.keep.serve(ids[plain_row], ids[row])
         else:
@@ -107,7 +113,7 @@ def query_vectors(req: SearchRequest, texts: QueryTexts, embedded: np.ndarray) -
 def keep_of(req: SearchRequest) -> KeepFirst:
     """The request's ``keep_first`` (none without an expansion)."""
     e = req.expansion
-    return KeepFirst(e.keep_first, e.keep_within) if e is not None and e.method != "none" else KeepFirst()
+    return KeepFirst(e.keep_first, e.keep_within, e.keep_blend) if e is not None and e.method != "none" else KeepFirst()
 
 
 def lead_of(req: SearchRequest) -> ConfidentLead:
@@ -153,16 +159,22 @@ def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None =
     moved = (main is not v.query or rrf) and not req.terms
     keep = keep_of(req) if moved else KeepFirst()
     plain_query = 0
-    if main is not v.query and (keep or (len(v.paraphrases) and not compare_expanded)):
+    reports_plain = len(v.paraphrases) > 0 and not compare_expanded  # the report reads the plain query's own list
+    if main is not v.query and ((keep and not keep.blend) or reports_plain):
         assert v.query is not None
         plain_query = len(rows)
         rows.append(v.query)  # consistency compares the plain query with its paraphrases; keep_first leads with it
+    keep_query = None
+    if keep.blend and main is not v.query:  # keep_blend: the kept first results are the moved query's
+        assert v.query is not None
+        keep_query = len(rows)
+        rows.append(keep.query(v.query, main))
     first_paraphrase = len(rows)
     rows.extend(v.paraphrases)
     first_plain_paraphrase = None
     if keep and compare_expanded and len(v.paraphrases) and v.plain_paraphrases is not None:
-        first_plain_paraphrase = len(rows)
-        rows.extend(v.plain_paraphrases)
+        first_plain_paraphrase = len(rows)  # only keep reads these: with keep_blend, moved as the query's is
+        rows.extend(keep.query(v.plain_paraphrases, v.paraphrases))
     lead = lead_of(req) if v.lead_query is not None else ConfidentLead()
     lead_query = first_lead_paraphrase = None
     if lead:
@@ -173,8 +185,8 @@ def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None =
         if compare_expanded and len(v.paraphrases) and v.lead_paraphrases is not None:
             first_lead_paraphrase = len(rows)
             rows.extend(v.lead_paraphrases)
-    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase, keep, first_plain_paraphrase, lead,
-                     lead_query, first_lead_paraphrase)
+    return QueryRows(np.vstack(rows), fused, plain_query, first_paraphrase, keep, first_plain_paraphrase, keep_query,
+                     lead, lead_query, first_lead_paraphrase)
 
 
 def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: QueryRows) -> list[tuple[int, float, int]]:
@@ -196,7 +208,7 @@ def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: 
     score_of = {int(i): float(s) for i, s in zip(listed, listed_scores)}
     served = [int(i) for i in listed if i >= 0]
     if rows.keep:
-        plain = rows.plain_query
+        plain = rows.kept_query
         score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep.n], scores[plain][: rows.keep.n])})
         served = rows.keep.serve(ids[plain], listed)
     if led:
@@ -227,8 +239,11 @@ def consistency_report(req: SearchRequest, paraphrases: list[str], scores: np.nd
     assert req.consistency is not None
     kc = req.consistency.k
     led = rows.first_lead_paraphrase is not None  # the lists compared are the served ones, lead included
-    query_row = 0 if rows.first_plain_paraphrase is not None else rows.plain_query
-    qlist = rows.served(ids, scores, query_row, rows.plain_query, rows.lead_query if led else None)[:kc]
+    # the served list where the paraphrases' are compared as served (kept rows of their own), else the plain query's
+    served_lists = rows.first_plain_paraphrase is not None
+    query_row = 0 if served_lists else rows.plain_query
+    qlist = rows.served(ids, scores, query_row, rows.kept_query if served_lists else query_row,
+                        rows.lead_query if led else None)[:kc]
     reports = []
     for j, text in enumerate(paraphrases):
         row = rows.first_paraphrase + j

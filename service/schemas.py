@@ -97,6 +97,10 @@ class Expansion(StrictModel):
     keep_within: StrictInt = Field(
         0, ge=0, le=100, description="keep_first keeps only those of the query's first results that the expanded "
         "list ranks within its first keep_within (0: always)")
+    keep_blend: Annotated[float, Strict()] = Field(
+        0.0, ge=0, lt=1, description="keep_first keeps the first results of the query moved this share of the way to "
+        "its expanded vector (0: the unexpanded query's own): a little of the move steadies the kept first answer "
+        "under rephrasing before it blurs it")
     lead_margin: Annotated[float, Strict(), Field(ge=0, le=2)] | None = Field(
         None, description="the server's first-answer tower (PARASEEK_FIRST_ANSWER_BUNDLE, a plainer and more precise "
         "one) puts its first answer on top where it is sure of it: its first image's score above its second's by more "
@@ -123,6 +127,11 @@ class Expansion(StrictModel):
             if self.rounds is None:  # the method's own default, stated in the request as served
                 self.rounds = method.default_rounds
             method.check(self.params())
+        if self.keep_blend and not self.keep_first:
+            raise ValueError("keep_blend moves the query whose first results keep_first keeps: set keep_first too")
+        if self.keep_blend and self.fusion == "rrf":
+            raise ValueError("keep_blend moves the query toward its one expanded vector; rrf fuses lists instead "
+                             "(use fusion mean)")
         return self
 
     def params(self) -> ExpansionParams:

@@ -46,6 +46,11 @@ def test_recall_with_keep_first_ranks_as_the_served_list():
     kept = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain, keep=KeepFirst(1))
     assert kept["t2i_r1"] == pytest.approx(100.0)
     assert kept["i2t_r1"] == cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,))["i2t_r1"]
+    # keep_blend: caption 0's query moved 0.2 of the way to its expanded vector still ranks 10 first, half way 30
+    for blend, r1 in ((0.2, 100.0), (0.5, 50.0)):
+        moved = cross_modal_recall(images, [10, 20, 30], expanded, [10, 20], ks=(1,), plain_text_vecs=plain,
+                                   keep=KeepFirst(1, blend=blend))
+        assert moved["t2i_r1"] == pytest.approx(r1), blend
 
 
 def test_recall_with_hub_correction_ranks_by_the_corrected_scores():
@@ -205,6 +210,18 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
     assert [a for a, _ in served.lists] == [[f[0]] + [i for i in d if i != f[0]][:9] for f, d in zip(first.tolist(), deeper.tolist())]
     with pytest.raises(UserError, match="keepKinW"):
         parse_expansion("bank:5:keepx", enc, snap, bank=bank.path)
+    # @B: the first results kept are those of the query moved the share B of the way to the expanded one
+    blended = parse_expansion("bank:5:keep1@0.5", enc, snap, bank=bank.path)
+    assert (blended.label, blended.keep) == ("bank5-mean-keep1@0.5", KeepFirst(1, 0, 0.5))
+    moved = (qa + hand / np.linalg.norm(hand, axis=1, keepdims=True)) / 2
+    _, moved_first = snap.search_ids(moved / np.linalg.norm(moved, axis=1, keepdims=True), 1)
+    want_blended = [[f[0]] + [i for i in d if i != f[0]][:9] for f, d in zip(moved_first.tolist(), deeper.tolist())]
+    assert [a for a, _ in evaluate_pairs(enc, snap, pairs, k=10, expand=blended.expand, keep=blended.keep,
+                                         progress=False).lists] == want_blended
+    assert want_blended != [a for a, _ in served.lists]  # these pairs tell the blend from the plain query's answer
+    for bad in ("bank:5:keep1@1", "bank:5:keep1@x", "bank:5:keep1@"):
+        with pytest.raises(UserError, match="keepKinW"):
+            parse_expansion(bad, enc, snap, bank=bank.path)
 
     # :leadM with the same tower as the first-answer one: margin 0 is keep_first 1 (no ties here), 2 never leads
     led = parse_expansion("bank:5:keep1in4:lead0.03", enc, snap, bank=bank.path, first_answer=enc)

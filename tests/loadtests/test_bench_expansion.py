@@ -26,6 +26,6 @@ def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starte
     assert "the embedded default (paraseek-starter v" in out  # the plain starter served, as asked
     assert "first-answer bundle paraseek-starter v" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "bank72", "head"))]
-    assert len(rows) == 26  # thirteen configurations at two concurrencies
+    assert len(rows) == 30  # fifteen configurations at two concurrencies
     bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
     assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row

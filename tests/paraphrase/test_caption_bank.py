@@ -98,6 +98,11 @@ def test_keep_first_serves_the_plain_head_then_the_expanded_order_without_repeat
     assert KeepFirst(1, within=3).serve([7, 3], [3, 5, 7, 1]) == [7, 3, 5, 1]
     assert KeepFirst(2, within=2).serve([7, 3], [3, 5, 7, 1]) == [3, 5, 7, 1]  # 3 kept (ranked 1st), 7 not
     assert KeepFirst(1, within=5).depth == 5 and KeepFirst(2).depth == 2
+    # blend: the kept results are those of the query moved that share of the way to its expanded vector
+    plain, expanded = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32), np.array([[0.0, 1.0], [0.0, 1.0]], np.float32)
+    assert KeepFirst(1).query(plain, expanded) is plain
+    np.testing.assert_allclose(KeepFirst(1, blend=0.5).query(plain, expanded), [[0.5**0.5, 0.5**0.5], [0.0, 1.0]], atol=1e-6)
+    assert KeepFirst(1, 7, 0.3).label == "keep1in7@0.3" and KeepFirst(1).label == "keep1"
 
 
 def test_mean_shift_rounds_bring_rephrasings_together(starter_bank, starter_encoder, shared_data):

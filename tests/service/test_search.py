@@ -628,6 +628,61 @@ def test_keep_first_leads_with_the_plain_query_results_then_the_expanded_order(m
     assert any(differs)  # the queries tell keep_within from keeping always
 
 
+def test_keep_blend_keeps_the_first_answer_of_the_query_moved_part_way(make_settings, starter_bank, direct):
+    """keep_blend b: keep_first keeps the first result (with its score) of the query moved the share b of the way
+    to its expanded vector, normalise(q + b (e - q)), then the expanded order; the consistency report compares
+    the lists as served. With text rewrites the report still compares the plain query's own list."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    enc, snap = direct
+    blend = 0.5
+
+    def expanded(v):
+        top = np.argsort(-(starter_bank.vectors @ v))[:6]
+        return l2_normalize((v + starter_bank.vectors[top].sum(axis=0)) / 7)
+
+    def served(text, b):
+        v = enc.encode_text([text])[0]
+        e = expanded(v)
+        first_scores, first_ids = snap.search_ids(l2_normalize(v + b * (e - v))[None], 1)
+        exp_scores, exp_ids = snap.search_ids(e[None], 20)
+        first = (int(first_ids[0][0]), float(first_scores[0][0]))
+        return [first] + [(int(i), float(s)) for i, s in zip(exp_ids[0], exp_scores[0]) if int(i) != first[0]]
+
+    queries = ["a dog lying on a couch", "a puppy resting on a sofa", "a boat on the water", "a pizza with cheese",
+               "a train at a station", "two cats on a bed", "a man riding a horse", "a kitchen with a stove"]
+    expansion = {"method": "bank", "n": 6, "keep_first": 1, "keep_blend": blend}
+    rewrites = {"method": "wordnet", "n": 2, "keep_first": 1, "keep_blend": blend}
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:
+        answers = {q: c.post("/v1/search", json={"query": q, "k": 10, "expansion": expansion}).json() for q in queries}
+        report = c.post("/v1/search", json={"query": queries[0], "k": 10, "expansion": expansion,
+                                            "consistency": {"paraphrases": [queries[1]], "k": 10}}).json()["consistency"]
+        rewritten = c.post("/v1/search", json={"query": "a kid in a big automobile", "k": 10, "expansion": rewrites,
+                                               "consistency": {"paraphrases": ["a child in a large car"], "k": 10}}).json()
+        for bad, loc in (({**expansion, "keep_blend": 1}, ["body", "expansion", "keep_blend"]),
+                         ({**expansion, "keep_blend": -0.1}, ["body", "expansion", "keep_blend"]),
+                         ({"method": "bank", "keep_blend": 0.3}, ["body", "expansion"]),
+                         ({**rewrites, "fusion": "rrf"}, ["body", "expansion"])):
+            r = c.post("/v1/search", json={"query": "x", "expansion": bad})
+            assert_error_names(r, loc, whole=True)
+            assert "keep_blend" in r.text
+    for q in queries:
+        want = served(q, blend)[:10]
+        assert [x["id"] for x in answers[q]["results"]] == [i for i, _ in want], q
+        assert [x["score"] for x in answers[q]["results"]] == pytest.approx([s for _, s in want], abs=1e-4)
+    assert any(served(q, blend)[0][0] != served(q, 0)[0][0] for q in queries)  # the blend moves first answers here
+    assert report["ids"] == [i for i, _ in served(queries[0], blend)[:10]]
+    assert report["paraphrases"][0]["ids"] == [i for i, _ in served(queries[1], blend)[:10]]
+    # text rewrites: the list leads with the moved query's first answer, the report reads the plain query's list
+    v = enc.encode_text(["a kid in a big automobile"])[0]
+    main = l2_normalize(enc.encode_text(["a kid in a big automobile", *rewritten["expansions"]]).mean(axis=0))
+    _, first = snap.search_ids(l2_normalize(v + blend * (main - v))[None], 1)
+    assert rewritten["results"][0]["id"] == int(first[0][0])
+    assert rewritten["consistency"]["ids"] == snap.search_ids(v[None], 10)[1][0].tolist()
+
+
 def test_lead_margin_puts_the_first_answer_towers_sure_answer_on_top(make_settings, starter_bank, direct,
                                                                     whole_photo_robust_bundle):
     """lead_margin: where the first-answer tower (another tower of the served image space) scores its first
