@@ -1079,17 +1079,17 @@ def test_metrics_the_dashboard_reads(client):
     assert after[("paraseek_reindex_total", (("result", "failed"),))] == 0.0  # exported before the first job
 
 
-@pytest.mark.parametrize("starter, head, method, n, rounds, within, hub, lead", [
-    ("robust", False, "bank", 72, 3, 7, 0.55, False), ("robust", True, "bank", 72, 3, 7, 0.55, False),
-    ("robust", False, "bank", 72, 3, 7, 0.55, True),
-    ("plain", True, "head", 3, 0, 0, 0.25, False), ("plain", False, "bank", 30, 1, 0, 0.0, False)])
-def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, hub, lead,
-                                                               make_settings, starter_bank, starter_bundle, tmp_path):
+@pytest.mark.parametrize("starter, head, method, n, rounds, within, blend, hub, lead", [
+    ("robust", False, "bank", 72, 3, 7, 0.0, 0.55, False), ("robust", True, "bank", 72, 3, 7, 0.0, 0.55, False),
+    ("robust", False, "bank", 72, 3, 7, 0.0, 0.55, True),
+    ("plain", True, "head", 3, 0, 0, 0.3, 0.5, False), ("plain", False, "bank", 30, 1, 0, 0.0, 0.0, False)])
+def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, blend, hub,
+                                                               lead, make_settings, starter_bank, starter_bundle, tmp_path):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the
     server applies it when a request names none. The plain starter's is its bank's head, where the bank
-    has one (the default bank gets the shipped one), else one round of 30 bank captions. The robust
-    starter's corrects hubs; where the plain starter is built it is the first-answer bundle, and the
-    default stays the same (no lead_margin)."""
+    has one (the default bank gets the shipped one), its first answer the query's moved 0.3 of the way to
+    the head's output; else one round of 30 bank captions. The robust starter's corrects hubs; where the
+    plain starter is built it is the first-answer bundle, and the default stays the same (no lead_margin)."""
     import shutil
 
     from fastapi.testclient import TestClient
@@ -1111,14 +1111,18 @@ def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, me
     settings = with_embedded_defaults(settings)
     expansion = Expansion.model_validate_json(settings.default_expansion)
     assert (expansion.method, expansion.n, expansion.rounds, expansion.keep_first, expansion.keep_within,
-            expansion.hub_weight) == (method, n, rounds, 1, within, hub)
+            expansion.keep_blend, expansion.hub_weight) == (method, n, rounds, 1, within, blend, hub)
     assert (expansion.lead_margin, settings.first_answer_bundle) == \
         (None, settings.plain_starter_bundle_dir if lead else None)
     with TestClient(create_app(settings)) as c:
         default = c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()
         explicit = c.post("/v1/search", json={"query": "a kitchen with a stove",
                                               "expansion": expansion.model_dump()}).json()
-        plain = c.post("/v1/search", json={"query": "a kitchen with a stove", "expansion": {"method": "none"}}).json()
+        # the list whose first answer is kept: the query's own, or (keep_blend) the query moved that share
+        # of the way to the head's output, each hub-corrected as the default is
+        kept_query = {"method": "none"} if not blend else {"method": "head", "blend": blend}
+        plain = c.post("/v1/search", json={"query": "a kitchen with a stove",
+                                           "expansion": {**kept_query, "hub_weight": hub} if hub else kept_query}).json()
     assert default["results"] == explicit["results"]
     first = plain["results"][0]["id"]
     assert default["results"][0]["id"] == first or within  # kept always unless keep_within decides
