@@ -60,7 +60,7 @@ class QueryRows:
     first_paraphrase: int  # the first paraphrase's row
     keep: KeepFirst = KeepFirst()  # ``keep_first``: the plain query's first results lead the list
     first_plain_paraphrase: int | None = None  # keep with expanded paraphrases: where their kept rows start
-    keep_query: int | None = None  # the row whose first results are kept (``keep_blend``: its own; else the plain query's)
+    keep_query: int = 0  # the row whose first results keep_first keeps (the plain query's, or keep_blend's own)
     lead: ConfidentLead = ConfidentLead()  # ``lead_margin``: the first-answer tower's sure answer on top
     lead_query: int | None = None  # its row of the query
     first_lead_paraphrase: int | None = None  # and where its rows of the (expanded, so served) paraphrases start
@@ -68,11 +68,6 @@ class QueryRows:
     def lead_rows(self) -> list[int]:
         """The rows of the first-answer tower (the others are the served tower's): ``plan_rows`` puts them last."""
         return list(range(self.lead_query, len(self.matrix))) if self.lead_query is not None else []
-
-    @property
-    def kept_query(self) -> int:
-        """The row whose first results ``keep_first`` keeps for the query."""
-        return self.plain_query if self.keep_query is None else self.keep_query
 
     def served(self, ids: np.ndarray, scores: np.ndarray, row: int, plain_row: int, lead_row: int | None = None) -> list[int]:
         """The list served for ``row`` (searched as expanded; ``plain_row`` the row whose first results it keeps,
@@ -164,7 +159,7 @@ def plan_rows(req: SearchRequest, v: QueryVectors, expanded: np.ndarray | None =
         assert v.query is not None
         plain_query = len(rows)
         rows.append(v.query)  # consistency compares the plain query with its paraphrases; keep_first leads with it
-    keep_query = None
+    keep_query = plain_query
     if keep.blend and main is not v.query:  # keep_blend: the kept first results are the moved query's
         assert v.query is not None
         keep_query = len(rows)
@@ -208,7 +203,7 @@ def ranked_page(k: int, offset: int, scores: np.ndarray, ids: np.ndarray, rows: 
     score_of = {int(i): float(s) for i, s in zip(listed, listed_scores)}
     served = [int(i) for i in listed if i >= 0]
     if rows.keep:
-        plain = rows.kept_query
+        plain = rows.keep_query
         score_of.update({int(i): float(s) for i, s in zip(ids[plain][: rows.keep.n], scores[plain][: rows.keep.n])})
         served = rows.keep.serve(ids[plain], listed)
     if led:
@@ -242,7 +237,7 @@ def consistency_report(req: SearchRequest, paraphrases: list[str], scores: np.nd
     # the served list where the paraphrases' are compared as served (kept rows of their own), else the plain query's
     served_lists = rows.first_plain_paraphrase is not None
     query_row = 0 if served_lists else rows.plain_query
-    qlist = rows.served(ids, scores, query_row, rows.kept_query if served_lists else query_row,
+    qlist = rows.served(ids, scores, query_row, rows.keep_query if served_lists else query_row,
                         rows.lead_query if led else None)[:kc]
     reports = []
     for j, text in enumerate(paraphrases):
