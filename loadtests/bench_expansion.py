@@ -1,14 +1,13 @@
 """What query expansion costs per request: the embedded default server (robust starter, or the plain one
 with ``--starter plain``; demo gallery) answering the same distinct captions without expansion, with bank
-expansion (30 neighbours), and with bank expansion below the query's own first answer (``keep_first``,
-``keep_within``), and 64 neighbours over three or two mean-shift rounds (``rounds``) below the first answer
-(three: the robust default), and the bank's query head (``head``) below the first answer (within 7, or
-always; with hub correction and the kept answer's query moved 0.3 of the way, ``keep_blend``: the plain
-starter's default), half its move without a keep rule (``blend``), and with one round of
-64 (``paraseek models train-head``), and the robust default with the first-answer bundle's sure answers on
-top (``lead_margin``: one more text-tower pass; only where the server has a first-answer bundle), and the
-robust default's lists reordered by hub-corrected scores (``hub_weight``: 100 results searched a list). Rounds
-alternate the configurations so a drift of the machine hits all of them alike; medians over the rounds.
+expansion (30 neighbours), below the query's own first answer (``keep_first``, ``keep_within``), over two
+to four mean-shift rounds of 64 to 96 neighbours (``rounds``; four rounds of 96, hub-corrected, the kept
+answer's query moved 0.25 of the way: the robust default), with the first-answer bundle's sure answers on
+top (``lead_margin``: one more text-tower pass; only where the server has a first-answer bundle), with
+lists reordered by hub-corrected scores (``hub_weight``: 100 results searched a list), and with the bank's
+query head (``head``: within 7, always, with hub correction and ``keep_blend`` 0.3 the plain starter's
+default; half its move, ``blend``; and with one round of 64). Rounds alternate the configurations so a
+drift of the machine hits all of them alike; medians over the rounds.
 
     python -m paraseek.loadtests.bench_expansion --data ../shared/data [--seconds 5 --rounds 3] [--starter plain]
 """
@@ -42,6 +41,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
                              "hub_weight": 0.55},
     "bank72 x3 in 7 + hub": {"method": "bank", "n": 72, "rounds": 3, "keep_first": 1, "keep_within": 7,
                              "hub_weight": 0.55},
+    "bank96 x4 in 7 @0.25 + hub": {"method": "bank", "n": 96, "rounds": 4, "keep_first": 1, "keep_within": 7,
+                                   "keep_blend": 0.25, "hub_weight": 0.75},
     "bank64 x2 keep 1 in 5": {"method": "bank", "n": 64, "rounds": 2, "keep_first": 1, "keep_within": 5},
     "head keep 1 in 7": {"method": "head", "rounds": 0, "keep_first": 1, "keep_within": 7},
     "head keep_first 1": {"method": "head", "rounds": 0, "keep_first": 1},
@@ -88,7 +89,8 @@ def main(argv=None) -> int:
             if first_answer is not None else "no first-answer bundle: the lead row is left out")
     print(f"\nexpansion cost: the embedded default ({served['name']} v{served['version']}, {served['precision']}; {lead}) "
           f"over the demo gallery, {args.rounds} rounds x {args.seconds:.0f} s, loopback; {cpu_description()}")
-    print(f"{'expansion':24} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / bank30':>13} {'fail':>5}")
+    width = max(map(len, CONFIGS))
+    print(f"{'expansion':{width}} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / bank30':>13} {'fail':>5}")
     failures = 0
     for conc in args.concurrency:
         base = statistics.median(r["p50"] for r in results[("bank30", conc)])
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
             qps = statistics.median(r["qps"] for r in rows)
             fail = sum(r["failures"] for r in rows)
             failures += fail
-            print(f"{name:24} {conc:>4} {p50:8.2f} {p99:8.2f} {qps:8.1f} {p50 / base:13.2f} {fail:>5}")
+            print(f"{name:{width}} {conc:>4} {p50:8.2f} {p99:8.2f} {qps:8.1f} {p50 / base:13.2f} {fail:>5}")
     return 0 if failures == 0 else 1
 
 

@@ -25,7 +25,7 @@ def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starte
     assert code == 0, out  # no request failed
     assert "the embedded default (paraseek-starter v" in out  # the plain starter served, as asked
     assert "first-answer bundle paraseek-starter v" in out
-    rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "bank72", "head"))]
-    assert len(rows) == 30  # fifteen configurations at two concurrencies
+    rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "bank72", "bank96", "head"))]
+    assert len(rows) == 32  # sixteen configurations at two concurrencies
     bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
     assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row
