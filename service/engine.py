@@ -198,13 +198,15 @@ class SearchEngine:
             self.expansion_sources.paraphrase_source("wordnet", "expansion.method")
         except RequestError:
             pass  # not installed: requests that ask for it get a 400
-        active = self.active
-        default = EXPANSIONS.get(self.default_expansion.method) if self.default_expansion is not None else None
-        if active is not None and default is not None and default.uses_bank:
+        active, expansion = self.active, self.default_expansion
+        method = EXPANSIONS.get(expansion.method) if expansion is not None else None  # None for "none"
+        if active is not None and expansion is not None and (expansion.hub_weight or (method is not None and method.uses_bank)):
             try:
                 self.expansion_sources.caption_bank(active)
+                if expansion.hub_weight:  # the served version's hub table, built beside the first requests
+                    self.expansion_sources.start_hub_table(active)
             except RequestError as exc:
-                log.warning("default expansion %r unavailable: %s", default.name, exc)
+                log.warning("default expansion %r unavailable: %s", expansion.method, exc)
         freeze_long_lived()  # what is loaded by now lives as long as the service (or until a swap)
 
     async def stop(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,6 +17,7 @@ from paraseek.index.store import SearchView
 from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, configured_bank_dir
 from paraseek.paraphrase.factory import make_source
+from paraseek.paraphrase.hub_table import HubTable, hub_table_key, hub_table_path, prune_hub_tables
 from paraseek.paraphrase.llm import LLMError
 from paraseek.service.batcher import ContinuousBatcher, search_rows
 from paraseek.service.errors import RequestError
@@ -41,6 +43,9 @@ class ExpansionSources:
         # hub_weight: each image's hubness against the bank, computed the first time a list shows it
         # (a gallery's worth at most; one float an image), per bundle and snapshot version
         self._hub_bias: dict[tuple[str, str], dict[int, float]] = {}
+        # ... and, once built, the whole version's (``paraseek.paraphrase.hub_table``), which replaces them
+        self._hub_tables: dict[tuple[str, str], HubTable] = {}
+        self._hub_table_builds: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def shutdown(self) -> None:
@@ -93,23 +98,68 @@ class ExpansionSources:
         return self._banks.get(active.model_id)
 
     def hub_bias(self, active: Active, ids: np.ndarray) -> np.ndarray:
-        """``CaptionBank.hub_bias`` of the images ``ids`` names (0 for padding), from the stored vectors of
-        those not seen before. Reads the bank and the index: call it off the event loop."""
+        """``CaptionBank.hub_bias`` of the images ``ids`` names (0 for padding): from the index version's hub
+        table once it is built (``start_hub_table``, asked for here the first time), until then from the
+        stored vectors of those not seen before. Reads the bank and the index: call it off the event loop."""
         bank = self.caption_bank(active)
         key = (active.model_id, active.snapshot.version)
+        table = self._hub_tables.get(key)
+        if table is None:
+            self.start_hub_table(active, bank)
+        else:
+            bias, missing = table.lookup(np.atleast_2d(ids))
+            if not missing.any():
+                return bias
         with self._lock:
             if key not in self._hub_bias or len(self._hub_bias[key]) > HUB_BIAS_KEPT:
                 self._hub_bias = {key: {}}  # one bundle and snapshot serve at a time
             known = self._hub_bias[key]
-            missing = sorted({int(i) for i in np.unique(ids) if i >= 0} - known.keys())
-        if missing:
-            computed = dict(zip(missing, bank.hub_bias(active.snapshot.vectors_of(missing)).tolist()))
+            missing_ids = sorted({int(i) for i in np.unique(ids) if i >= 0} - known.keys())
+        if missing_ids:
+            computed = dict(zip(missing_ids, bank.hub_bias(active.snapshot.vectors_of(missing_ids)).tolist()))
             with self._lock:
                 known.update(computed)
         else:
             computed = {}
         return np.array([[computed[i] if i in computed else known.get(i, 0.0) for i in map(int, row)]
                          for row in np.atleast_2d(ids)], np.float32)
+
+    def start_hub_table(self, active: Active, bank: CaptionBank | None = None) -> threading.Thread | None:
+        """Build the serving index version's hub table on a thread of its own (read from PARASEEK_HOME where
+        an earlier start wrote it, else computed over the whole version and written there); None where it is
+        built, or being built, or failed for this version already (hubness then stays computed per image)."""
+        key = (active.model_id, active.snapshot.version)
+        with self._lock:
+            if key in self._hub_tables or key in self._hub_table_builds:
+                return None
+            self._hub_table_builds.add(key)
+        bank = bank if bank is not None else self.caption_bank(active)
+        thread = threading.Thread(target=self._build_hub_table, args=(active, bank, key), name="hub-table", daemon=True)
+        thread.start()
+        return thread
+
+    def _build_hub_table(self, active: Active, bank: CaptionBank, key: tuple[str, str]) -> None:
+        snapshot = active.snapshot
+        m = snapshot.manifest
+        try:
+            path = hub_table_path(self.settings.home,
+                                  hub_table_key(active.model_id, (m.backend, m.version, m.created_at, m.count), bank))
+            table = HubTable.load(path, len(snapshot))
+            if table is None:
+                began = time.perf_counter()
+                table = HubTable.compute(bank, snapshot.iter_contents())
+                if len(table) != len(snapshot):
+                    raise ValueError(f"the version read back {len(table)} images of {len(snapshot)}")
+                table.save(path)
+                prune_hub_tables(path.parent)
+                log.info("hubness of %d images of index version %s computed in %.1f s (%s)", len(table), m.version,
+                         time.perf_counter() - began, path)
+        except Exception:  # an index that went away, a full disk: per-image hubness still serves
+            log.exception("no hub table for index version %s: hubness stays computed per image", m.version)
+            return
+        with self._lock:
+            self._hub_tables = {key: table}  # one bundle and snapshot serve at a time
+            self._hub_bias.pop(key, None)
 
 
 class BatchedLookups:

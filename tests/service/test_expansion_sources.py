@@ -1,5 +1,8 @@
-"""The service's caption-bank lookups: each image's hubness, computed once and kept within a bound."""
+"""The service's caption-bank lookups: each image's hubness, computed once and kept within a bound, then the
+whole index version's table, kept on disk."""
 
+import logging
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,21 +13,40 @@ from paraseek.service.expansion_sources import ExpansionSources
 
 
 class CountingSnapshot:
-    """Stored vectors by id, counting the ids asked for."""
+    """Stored vectors by id, counting the ids asked for and the whole-version reads."""
 
-    def __init__(self, vectors: dict[int, np.ndarray], version: str):
-        self.stored, self.version, self.asked = vectors, version, []
+    def __init__(self, vectors: dict[int, np.ndarray], version: str, fail_reads: bool = False):
+        self.stored, self.version, self.asked, self.reads, self.fail_reads = vectors, version, [], 0, fail_reads
+        self.manifest = SimpleNamespace(backend="faiss", version=version, created_at="2026-11-28T00:00:00+00:00",
+                                        count=len(vectors))
+
+    def __len__(self):
+        return len(self.stored)
 
     def vectors_of(self, ids):
         self.asked.append(list(ids))
         return np.stack([self.stored[int(i)] for i in ids])
 
+    def iter_contents(self, chunk=3):
+        self.reads += 1
+        if self.fail_reads:
+            raise ConnectionError("the vector database went away")
+        ids = list(self.stored)
+        for at in range(0, len(ids), chunk):
+            part = ids[at:at + chunk]
+            yield np.array(part), np.stack([self.stored[i] for i in part]), [{}] * len(part)
+
+
+def unit_vectors(dim, ids):
+    rng = np.random.default_rng(0)
+    return {i: v / np.linalg.norm(v) for i, v in zip(ids, rng.normal(size=(len(ids), dim)))}
+
 
 def test_hub_bias_is_the_banks_computed_once_per_image_and_snapshot(starter_bank, monkeypatch, tmp_path):
-    rng = np.random.default_rng(0)
-    vectors = {i: v / np.linalg.norm(v) for i, v in zip(range(10, 18), rng.normal(size=(8, starter_bank.manifest.dim)))}
+    vectors = unit_vectors(starter_bank.manifest.dim, range(10, 18))
     sources = ExpansionSources(Settings(home=tmp_path))
     monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    monkeypatch.setattr(sources, "start_hub_table", lambda active, bank=None: None)  # per image only, here
     snap = CountingSnapshot(vectors, "v1")
     active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
     want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
@@ -42,5 +64,66 @@ def test_hub_bias_is_the_banks_computed_once_per_image_and_snapshot(starter_bank
         other = CountingSnapshot(vectors, "v2")  # a new index version: its images are computed for it
         sources.hub_bias(SimpleNamespace(model_id="m:1:fp32", snapshot=other), np.array([[10]]))
         assert other.asked == [[10]]
+    finally:
+        sources.shutdown()
+
+
+def test_the_versions_hub_table_replaces_per_image_hubness_and_outlives_a_restart(starter_bank, monkeypatch, tmp_path):
+    vectors = unit_vectors(starter_bank.manifest.dim, range(20, 31))
+    want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+    snap = CountingSnapshot(vectors, "v1")
+    active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
+    asked = np.array([[22, 30, -1], [21, 22, 29]])
+    expected = [[want[22], want[30], 0.0], [want[21], want[22], want[29]]]
+
+    sources = ExpansionSources(Settings(home=tmp_path))
+    monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    try:
+        build = sources.start_hub_table(active)
+        assert build is not None and sources.start_hub_table(active) is None  # one build a version
+        build.join(timeout=60)
+        assert snap.reads == 1 and len(list((tmp_path / "hub-tables").glob("*.npz"))) == 1
+        np.testing.assert_allclose(sources.hub_bias(active, asked), expected, rtol=1e-5)
+        assert snap.asked == []  # the table answered: no stored vector read per image
+    finally:
+        sources.shutdown()
+
+    restarted = ExpansionSources(Settings(home=tmp_path))
+    monkeypatch.setattr(restarted, "caption_bank", lambda active: starter_bank)
+    try:
+        # the first call computes per image and asks for the table, which is read back, not computed again
+        np.testing.assert_allclose(restarted.hub_bias(active, asked), expected, rtol=1e-5)
+        assert snap.asked == [[21, 22, 29, 30]]
+        for thread in [t for t in threading.enumerate() if t.name == "hub-table"]:
+            thread.join(timeout=60)
+        assert snap.reads == 1
+        np.testing.assert_allclose(restarted.hub_bias(active, np.array([[20, 25]])), [[want[20], want[25]]], rtol=1e-5)
+        assert snap.asked == [[21, 22, 29, 30]]  # 20 and 25 came from the table
+
+        other = CountingSnapshot(vectors, "v2")  # a new version gets a table of its own
+        build = restarted.start_hub_table(SimpleNamespace(model_id="m:1:fp32", snapshot=other))
+        assert build is not None
+        build.join(timeout=60)
+        assert other.reads == 1 and len(list((tmp_path / "hub-tables").glob("*.npz"))) == 2
+    finally:
+        restarted.shutdown()
+
+
+def test_a_hub_table_that_cannot_be_built_leaves_per_image_hubness_serving(starter_bank, monkeypatch, tmp_path, caplog):
+    vectors = unit_vectors(starter_bank.manifest.dim, range(5))
+    want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+    snap = CountingSnapshot(vectors, "v1", fail_reads=True)
+    active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
+    sources = ExpansionSources(Settings(home=tmp_path))
+    monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    try:
+        with caplog.at_level(logging.ERROR, logger="paraseek.service.expansion_sources"):
+            build = sources.start_hub_table(active)
+            assert build is not None
+            build.join(timeout=60)
+        assert "no hub table for index version v1" in caplog.text
+        assert sources.start_hub_table(active) is None  # not tried again for this version
+        np.testing.assert_allclose(sources.hub_bias(active, np.array([[3, 1]])), [[want[3], want[1]]], rtol=1e-5)
+        assert snap.asked == [[1, 3]] and not (tmp_path / "hub-tables").exists()
     finally:
         sources.shutdown()

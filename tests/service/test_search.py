@@ -811,6 +811,38 @@ def test_hub_weight_orders_each_list_by_score_less_the_images_hubness(make_setti
                            ["body", "expansion", "hub_weight"], status=400)
 
 
+def test_a_default_hub_weight_builds_the_versions_hub_table_at_start(make_settings, starter_bank, direct):
+    """A server whose default expansion has a hub_weight computes every image's hubness once, on a thread at
+    start, and writes it under PARASEEK_HOME; the lists it serves are the ones per-image hubness gives."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from paraseek.paraphrase.hub_table import HubTable
+    from paraseek.service.main import create_app
+
+    _, snap = direct
+    want = dict(zip(np.asarray(snap.ids).tolist(), starter_bank.hub_bias(np.asarray(snap.vectors())).tolist()))
+    expansion = '{"method": "none", "hub_weight": 0.5}'
+    settings = make_settings(caption_bank=starter_bank.path, default_expansion=expansion)
+    folder = settings.home / "hub-tables"
+    with TestClient(create_app(settings)) as c:
+        deadline = time.time() + 60
+        while c.get("/readyz").status_code != 200 or not list(folder.glob("*.npz")):
+            assert time.time() < deadline, "no hub table within 60 s"
+            time.sleep(0.1)
+        served = c.post("/v1/search", json={"query": "a dog lying on a couch", "k": 10}).json()["results"]
+    [path] = folder.glob("*.npz")
+    table = HubTable.load(path, len(want))
+    assert table is not None and table.ids.tolist() == sorted(want)
+    np.testing.assert_allclose(table.bias, [want[i] for i in sorted(want)], rtol=1e-5)
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path))) as c:  # no default: per image
+        again = c.post("/v1/search", json={"query": "a dog lying on a couch", "k": 10,
+                                           "expansion": {"method": "none", "hub_weight": 0.5}}).json()["results"]
+    assert [r["id"] for r in served] == [r["id"] for r in again]
+    assert [r["score"] for r in served] == pytest.approx([r["score"] for r in again], abs=1e-5)
+
+
 def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_settings, tiny_clip):
     from fastapi.testclient import TestClient
 
