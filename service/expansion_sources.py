@@ -150,11 +150,14 @@ class ExpansionSources:
                 table = HubTable.compute(bank, snapshot.iter_contents())
                 if len(table) != len(snapshot):
                     raise ValueError(f"the version read back {len(table)} images of {len(snapshot)}")
-                table.save(path)
-                prune_hub_tables(path.parent)
-                log.info("hubness of %d images of index version %s computed in %.1f s (%s)", len(table), m.version,
-                         time.perf_counter() - began, path)
-        except Exception:  # an index that went away, a full disk: per-image hubness still serves
+                log.info("hubness of %d images of index version %s computed in %.1f s", len(table), m.version,
+                         time.perf_counter() - began)
+                try:
+                    table.save(path)
+                    prune_hub_tables(path.parent)
+                except OSError as exc:  # a read-only or full home: served from memory, computed again next start
+                    log.warning("hub table not written to %s: %s", path, exc)
+        except Exception:  # an index that went away: per-image hubness still serves
             log.exception("no hub table for index version %s: hubness stays computed per image", m.version)
             return
         with self._lock:

@@ -127,3 +127,23 @@ def test_a_hub_table_that_cannot_be_built_leaves_per_image_hubness_serving(start
         assert snap.asked == [[1, 3]] and not (tmp_path / "hub-tables").exists()
     finally:
         sources.shutdown()
+
+
+def test_a_hub_table_that_cannot_be_written_still_serves_from_memory(starter_bank, monkeypatch, tmp_path, caplog):
+    vectors = unit_vectors(starter_bank.manifest.dim, range(6))
+    want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+    (tmp_path / "hub-tables").write_text("a file where the folder would be")  # the home refuses the table
+    snap = CountingSnapshot(vectors, "v1")
+    active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
+    sources = ExpansionSources(Settings(home=tmp_path))
+    monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    try:
+        with caplog.at_level(logging.WARNING, logger="paraseek.service.expansion_sources"):
+            build = sources.start_hub_table(active)
+            assert build is not None
+            build.join(timeout=60)
+        assert "hub table not written" in caplog.text
+        np.testing.assert_allclose(sources.hub_bias(active, np.array([[4, 0]])), [[want[4], want[0]]], rtol=1e-5)
+        assert snap.asked == [] and snap.reads == 1  # from the table in memory
+    finally:
+        sources.shutdown()
