@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, start_paraseek
+from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, round_medians, start_paraseek
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import stop_server
@@ -93,13 +92,9 @@ def main(argv=None) -> int:
     print(f"{'expansion':{width}} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / bank30':>13} {'fail':>5}")
     failures = 0
     for conc in args.concurrency:
-        base = statistics.median(r["p50"] for r in results[("bank30", conc)])
+        base = round_medians(results[("bank30", conc)])[0]
         for name in configs:
-            rows = results[(name, conc)]
-            p50 = statistics.median(r["p50"] for r in rows)
-            p99 = statistics.median(r["p99"] for r in rows)
-            qps = statistics.median(r["qps"] for r in rows)
-            fail = sum(r["failures"] for r in rows)
+            p50, p99, qps, fail = round_medians(results[(name, conc)])
             failures += fail
             print(f"{name:{width}} {conc:>4} {p50:8.2f} {p99:8.2f} {qps:8.1f} {p50 / base:13.2f} {fail:>5}")
     return 0 if failures == 0 else 1

@@ -16,14 +16,13 @@ import argparse
 import asyncio
 import json
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from paraseek.core.bundle import read_manifest
 from paraseek.core.settings import Settings
-from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, prepare_snapshot, start_paraseek
+from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, prepare_snapshot, round_medians, start_paraseek
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
@@ -105,13 +104,9 @@ def main(argv=None) -> int:
     failures = 0
     for label in servers:
         for conc in args.concurrency:
-            base = statistics.median(r["p50"] for r in results[(label, "default, hub_weight 0", conc)])
+            base = round_medians(results[(label, "default, hub_weight 0", conc)])[0]
             for name in CONFIGS:
-                rows = results[(label, name, conc)]
-                p50 = statistics.median(r["p50"] for r in rows)
-                p99 = statistics.median(r["p99"] for r in rows)
-                qps = statistics.median(r["qps"] for r in rows)
-                fail = sum(r["failures"] for r in rows)
+                p50, p99, qps, fail = round_medians(results[(label, name, conc)])
                 failures += fail
                 print(f"{label + ': ' + name:{width}} {conc:>4} {p50:8.2f} {p99:8.2f} {qps:8.1f} {p50 / base:12.2f} {fail:>5}")
     return 0 if failures == 0 else 1

@@ -114,6 +114,12 @@ async def drive(url: str, make_body, concurrency: int, seconds: float) -> dict:
     }
 
 
+def round_medians(runs: list[dict]) -> tuple[float, float, float, int]:
+    """(p50 ms, p99 ms, requests/s) of rounds of ``drive``, each the median over the rounds, and their failures."""
+    return (statistics.median(r["p50"] for r in runs), statistics.median(r["p99"] for r in runs),
+            statistics.median(r["qps"] for r in runs), sum(r["failures"] for r in runs))
+
+
 def demo_section(args, home: Path, groups: list[list[str]]) -> bool:
     """The embedded default over the demo gallery; True when every check is met and nothing failed."""
     servers = {}

@@ -42,6 +42,22 @@ def unit_vectors(dim, ids):
     return {i: v / np.linalg.norm(v) for i, v in zip(ids, rng.normal(size=(len(ids), dim)))}
 
 
+def hubness(bank, vectors: dict[int, np.ndarray]) -> dict[int, float]:
+    return dict(zip(vectors, bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+
+
+def sources_with(bank, home, monkeypatch) -> ExpansionSources:
+    sources = ExpansionSources(Settings(home=home))
+    monkeypatch.setattr(sources, "caption_bank", lambda active: bank)
+    return sources
+
+
+def build_table(sources: ExpansionSources, active) -> None:
+    build = sources.start_hub_table(active)
+    assert build is not None
+    build.join(timeout=60)
+
+
 def test_hub_bias_is_the_banks_computed_once_per_image_and_snapshot(starter_bank, monkeypatch, tmp_path):
     vectors = unit_vectors(starter_bank.manifest.dim, range(10, 18))
     sources = ExpansionSources(Settings(home=tmp_path))
@@ -70,14 +86,13 @@ def test_hub_bias_is_the_banks_computed_once_per_image_and_snapshot(starter_bank
 
 def test_the_versions_hub_table_replaces_per_image_hubness_and_outlives_a_restart(starter_bank, monkeypatch, tmp_path):
     vectors = unit_vectors(starter_bank.manifest.dim, range(20, 31))
-    want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+    want = hubness(starter_bank, vectors)
     snap = CountingSnapshot(vectors, "v1")
     active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
     asked = np.array([[22, 30, -1], [21, 22, 29]])
     expected = [[want[22], want[30], 0.0], [want[21], want[22], want[29]]]
 
-    sources = ExpansionSources(Settings(home=tmp_path))
-    monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    sources = sources_with(starter_bank, tmp_path, monkeypatch)
     try:
         build = sources.start_hub_table(active)
         assert build is not None and sources.start_hub_table(active) is None  # one build a version
@@ -88,8 +103,7 @@ def test_the_versions_hub_table_replaces_per_image_hubness_and_outlives_a_restar
     finally:
         sources.shutdown()
 
-    restarted = ExpansionSources(Settings(home=tmp_path))
-    monkeypatch.setattr(restarted, "caption_bank", lambda active: starter_bank)
+    restarted = sources_with(starter_bank, tmp_path, monkeypatch)
     try:
         # the first call computes per image and asks for the table, which is read back, not computed again
         np.testing.assert_allclose(restarted.hub_bias(active, asked), expected, rtol=1e-5)
@@ -101,9 +115,7 @@ def test_the_versions_hub_table_replaces_per_image_hubness_and_outlives_a_restar
         assert snap.asked == [[21, 22, 29, 30]]  # 20 and 25 came from the table
 
         other = CountingSnapshot(vectors, "v2")  # a new version gets a table of its own
-        build = restarted.start_hub_table(SimpleNamespace(model_id="m:1:fp32", snapshot=other))
-        assert build is not None
-        build.join(timeout=60)
+        build_table(restarted, SimpleNamespace(model_id="m:1:fp32", snapshot=other))
         assert other.reads == 1 and len(list((tmp_path / "hub-tables").glob("*.npz"))) == 2
     finally:
         restarted.shutdown()
@@ -111,16 +123,13 @@ def test_the_versions_hub_table_replaces_per_image_hubness_and_outlives_a_restar
 
 def test_a_hub_table_that_cannot_be_built_leaves_per_image_hubness_serving(starter_bank, monkeypatch, tmp_path, caplog):
     vectors = unit_vectors(starter_bank.manifest.dim, range(5))
-    want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+    want = hubness(starter_bank, vectors)
     snap = CountingSnapshot(vectors, "v1", fail_reads=True)
     active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
-    sources = ExpansionSources(Settings(home=tmp_path))
-    monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    sources = sources_with(starter_bank, tmp_path, monkeypatch)
     try:
         with caplog.at_level(logging.ERROR, logger="paraseek.service.expansion_sources"):
-            build = sources.start_hub_table(active)
-            assert build is not None
-            build.join(timeout=60)
+            build_table(sources, active)
         assert "no hub table for index version v1" in caplog.text
         assert sources.start_hub_table(active) is None  # not tried again for this version
         np.testing.assert_allclose(sources.hub_bias(active, np.array([[3, 1]])), [[want[3], want[1]]], rtol=1e-5)
@@ -131,17 +140,13 @@ def test_a_hub_table_that_cannot_be_built_leaves_per_image_hubness_serving(start
 
 def test_a_hub_table_that_cannot_be_written_still_serves_from_memory(starter_bank, monkeypatch, tmp_path, caplog):
     vectors = unit_vectors(starter_bank.manifest.dim, range(6))
-    want = dict(zip(vectors, starter_bank.hub_bias(np.stack(list(vectors.values()))).tolist()))
+    want = hubness(starter_bank, vectors)
     (tmp_path / "hub-tables").write_text("a file where the folder would be")  # the home refuses the table
-    snap = CountingSnapshot(vectors, "v1")
-    active = SimpleNamespace(model_id="m:1:fp32", snapshot=snap)
-    sources = ExpansionSources(Settings(home=tmp_path))
-    monkeypatch.setattr(sources, "caption_bank", lambda active: starter_bank)
+    active = SimpleNamespace(model_id="m:1:fp32", snapshot=(snap := CountingSnapshot(vectors, "v1")))
+    sources = sources_with(starter_bank, tmp_path, monkeypatch)
     try:
         with caplog.at_level(logging.WARNING, logger="paraseek.service.expansion_sources"):
-            build = sources.start_hub_table(active)
-            assert build is not None
-            build.join(timeout=60)
+            build_table(sources, active)
         assert "hub table not written" in caplog.text
         np.testing.assert_allclose(sources.hub_bias(active, np.array([[4, 0]])), [[want[4], want[0]]], rtol=1e-5)
         assert snap.asked == [] and snap.reads == 1  # from the table in memory
