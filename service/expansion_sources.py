@@ -45,7 +45,7 @@ class ExpansionSources:
         self._hub_bias: dict[tuple[str, str], dict[int, float]] = {}
         # ... and, once built, the whole version's (``paraseek.paraphrase.hub_table``), which replaces them
         self._hub_tables: dict[tuple[str, str], HubTable] = {}
-        self._hub_table_builds: set[tuple[str, str]] = set()
+        self._hub_table_builds: set[tuple[str, str]] = set()  # being built, or failed
         self._lock = threading.Lock()
 
     def shutdown(self) -> None:
@@ -127,7 +127,7 @@ class ExpansionSources:
     def start_hub_table(self, active: Active, bank: CaptionBank | None = None) -> threading.Thread | None:
         """Build the serving index version's hub table on a thread of its own (read from PARASEEK_HOME where
         an earlier start wrote it, else computed over the whole version and written there); None where it is
-        built, or being built, or failed for this version already (hubness then stays computed per image)."""
+        loaded, or being built, or failed for this version already (hubness then stays computed per image)."""
         key = (active.model_id, active.snapshot.version)
         with self._lock:
             if key in self._hub_tables or key in self._hub_table_builds:
@@ -162,6 +162,7 @@ class ExpansionSources:
             return
         with self._lock:
             self._hub_tables = {key: table}  # one bundle and snapshot serve at a time
+            self._hub_table_builds.discard(key)  # a version served again later (a rollback) reads it back
             self._hub_bias.pop(key, None)
 
 

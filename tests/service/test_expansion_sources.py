@@ -117,6 +117,10 @@ def test_the_versions_hub_table_replaces_per_image_hubness_and_outlives_a_restar
         other = CountingSnapshot(vectors, "v2")  # a new version gets a table of its own
         build_table(restarted, SimpleNamespace(model_id="m:1:fp32", snapshot=other))
         assert other.reads == 1 and len(list((tmp_path / "hub-tables").glob("*.npz"))) == 2
+        build_table(restarted, active)  # v1 served again (a rollback): its table is read back
+        assert snap.reads == 1
+        np.testing.assert_allclose(restarted.hub_bias(active, np.array([[24]])), [[want[24]]], rtol=1e-5)
+        assert snap.asked == [[21, 22, 29, 30]]
     finally:
         restarted.shutdown()
 
