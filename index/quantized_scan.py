@@ -27,6 +27,7 @@ rows, none needed a second scan at k 10 with ``2k + 64`` candidates.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -135,12 +136,58 @@ class QuantizedScan:
         return scores, numbers
 
 
+def _int8_session(codes: np.ndarray, threads: int):
+    """(session, the value it holds) of the shipped graph over ``codes`` (d, N) int8."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    # idle threads sleep: spinning, they would hold the cores the encoder's next call needs
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # the codes replace the graph's placeholder: a constant, so onnxruntime packs it once for its
+    # kernel (twice as fast as a matrix passed with each call); the value and its array must outlive the session
+    value = ort.OrtValue.ortvalue_from_numpy(codes)
+    opts.add_initializer("codes", value)
+    return ort.InferenceSession(str(INT8_PRODUCTS_MODEL), sess_options=opts, providers=["CPUExecutionProvider"]), value
+
+
+def products_exact(run) -> bool:
+    """Whether ``run(queries (2n, d) uint8, codes (d, N) int8) -> (n, N) int32 scores`` (factor 1, every row)
+    gives the exact integer products on extreme values: the largest codes and query bytes, where a kernel that
+    adds pairs of u8 x s8 products in saturating int16 (x86 without VNNI: pmaddubsw) comes out wrong."""
+    rng = np.random.default_rng(0)
+    codes = rng.choice(np.array([-128, -127, 127], np.int8), size=(64, 32))
+    queries = rng.choice(np.array([0, 1, 255], np.uint8), size=(8, 64))
+    products = (queries.astype(np.int64) - 128) @ codes.astype(np.int64)
+    return bool(np.array_equal(run(queries, codes), products[:4] + products[4:]))
+
+
+@functools.cache
+def int8_products_exact() -> bool:
+    """Whether onnxruntime's u8 x s8 integer product is exact on this CPU (``products_exact``). The int8 copy's
+    error bound assumes it is; on CPUs where it is not, the copy is refused (and int8 text towers measure
+    lower: ``QuantizedSpec.qualifies`` decides whether they serve)."""
+
+    def run(queries: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        session, _value = _int8_session(codes, 1)
+        scores, rows = session.run(None, {"queries": queries, "query_zero": np.array(128, np.uint8),
+                                          "factor": np.array(1, np.int32), "k": np.array([codes.shape[1]], np.int64)})
+        out = np.empty_like(scores)
+        np.put_along_axis(out, rows, scores, axis=1)  # TopK sorted them: back in row order
+        return out
+
+    return products_exact(run)
+
+
 class _Int8Products:
     """The rows as int8 codes, x ~ offset + step * code per dimension, scored by onnxruntime."""
 
     def __init__(self, rows: np.ndarray, threads: int | None):
-        import onnxruntime as ort
-
+        if not int8_products_exact():
+            raise ValueError("onnxruntime's int8 product is not exact on this CPU (no VNNI: its kernel saturates), "
+                             "so the copy's error bound would not hold")
         count, dim = rows.shape
         low = np.full(dim, np.inf, np.float32)
         high = np.full(dim, -np.inf, np.float32)
@@ -167,17 +214,7 @@ class _Int8Products:
         self.factor = 1 << int(math.log2((2**31 - 1) / (dim * 127 * 128) - 1))
         self._rounding_per_query_norm = _rounding_per_query_norm(dim, largest)
         self.queries_per_call = max(_MIN_QUERIES_PER_CALL, _SCORES_BYTES // (8 * count))
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.intra_op_num_threads = int(threads or _available_cores())
-        opts.inter_op_num_threads = 1
-        # idle threads sleep: spinning, they would hold the cores the encoder's next call needs
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # the codes replace the graph's placeholder: a constant, so onnxruntime packs it once for its
-        # kernel (twice as fast as a matrix passed with each call); the value and its array must outlive the session
-        self._codes_value = ort.OrtValue.ortvalue_from_numpy(self.codes)
-        opts.add_initializer("codes", self._codes_value)
-        self.session = ort.InferenceSession(str(INT8_PRODUCTS_MODEL), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.session, self._codes_value = _int8_session(self.codes, int(threads or _available_cores()))
 
     @property
     def nbytes(self) -> int:

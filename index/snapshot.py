@@ -49,7 +49,7 @@ from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
 from paraseek.index.gpu_scan import MAX_K as SCAN_MAX_K
 from paraseek.index.gpu_scan import ExactScan, exact_scan_for
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError
-from paraseek.index.quantized_scan import BYTES_PER_DIMENSION, Codec, QuantizedScan
+from paraseek.index.quantized_scan import BYTES_PER_DIMENSION, Codec, QuantizedScan, int8_products_exact
 from paraseek.index.quantized_scan import MAX_K as QUANTIZED_MAX_K
 from paraseek.index.recall import build_faiss_index, measure_recall
 from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
@@ -396,11 +396,16 @@ class Snapshot(SearchableSnapshot):
 
     def prepare_serving(self, *, scan_copy: Codec | None = "int8", threads: int | None = None) -> None:
         """A quantized copy of a flat collection on the CPU (``index.quantized_scan``) for its searches (fp16:
-        of fewer than ``BLAS_MIN_QUERIES`` queries); not for collections small enough to stay cached, nor
-        where the copy would take more than a quarter of the memory available."""
+        of fewer than ``BLAS_MIN_QUERIES`` queries; also where int8 is asked for on a CPU whose int8 product is
+        not exact); not for collections small enough to stay cached, nor where the copy would take more than a
+        quarter of the memory available."""
         rows = self._flat
         if not scan_copy or rows is None or len(rows) < SPLIT_SCAN_MIN_ROWS or self._scan_copy is not None:
             return
+        if scan_copy == "int8" and not int8_products_exact():
+            log.warning("snapshot %s: an fp16 copy to search, not int8: onnxruntime's int8 product is not exact on "
+                        "this CPU (no VNNI)", self.path.name)
+            scan_copy = "fp16"
         size = rows.size * BYTES_PER_DIMENSION[scan_copy]
         if size > available_memory_bytes() / 4:
             log.warning("snapshot %s: no %s copy to search (%.0f MB, more than a quarter of "
