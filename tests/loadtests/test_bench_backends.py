@@ -6,10 +6,13 @@ from paraseek.loadtests.bench_backends import SELECTIVITY, main
 def test_bench_backends_measures_both_backends_and_prints_ratios(shared_data, capsys):
     results = main(["--size", "3000", "--calls", "5", "--kinds", "flat", "hnsw", "--data", str(shared_data)])
     assert set(results) == {("faiss", "flat"), ("milvus", "flat"), ("faiss", "hnsw"), ("milvus", "hnsw")}
-    for (_, kind), r in results.items():
+    for (backend, kind), r in results.items():
         assert r["build_s"] > 0 and r["b1_ms"] > 0 and r["b64_qps"] > 0 and all(r[f"{n}_ms"] > 0 for n in SELECTIVITY)
         if kind == "flat":  # exact search on both: recall 1 unfiltered and at every selectivity
-            assert r["recall"] == 1.0 and [r[f"{n}_recall"] for n in SELECTIVITY] == [1.0] * len(SELECTIVITY)
+            # Milvus' FLAT sums in an order of its own: a near-tie at the tenth place may swap with the next
+            # (one of 5,000 results on an AVX2-only EPYC)
+            least = 1.0 if backend == "faiss" else 0.999
+            assert min(r["recall"], *(r[f"{n}_recall"] for n in SELECTIVITY)) >= least, r
         else:
             assert r["recall"] >= 0.9
     out = capsys.readouterr().out

@@ -66,11 +66,16 @@ def test_shipped_int8_evaluation_is_what_quantize_measures(starter_bundle, share
     from typer.testing import CliRunner
 
     from paraseek.cli import app
+    from paraseek.core.bundle import INT8_MAX_LOSS_POINTS, Int8Evaluation
+    from paraseek.index.quantized_scan import int8_products_exact
     from paraseek.training.export.starter import INT8_EVALUATIONS
 
     shipped = read_manifest(starter_bundle).text_int8
-    assert shipped.evaluation is not None
-    assert shipped.evaluation.model_dump() == json.loads(INT8_EVALUATIONS.read_text())["paraseek-starter"]["evaluation"]
+    release = Int8Evaluation.model_validate(json.loads(INT8_EVALUATIONS.read_text())["paraseek-starter"]["evaluation"])
+    if shipped.evaluation is not None:
+        assert shipped.evaluation == release
+    else:  # carried only where this build's int8 tower is the release's (mean cosine within 5e-4)
+        assert not int8_products_exact()  # a CPU whose int8 product saturates
     bundle = tmp_path / "starter"
     shutil.copytree(starter_bundle, bundle)
     r = CliRunner().invoke(app, ["models", "quantize", str(bundle),
@@ -78,15 +83,15 @@ def test_shipped_int8_evaluation_is_what_quantize_measures(starter_bundle, share
                                  "--eval-images", str(shared_data / "coco-mini" / "captions_val2017.json")])
     assert r.exit_code == 0, r.output
     measured = read_manifest(bundle).text_int8.evaluation
-    # fp32 is exact on any x86 CPU; onnxruntime's int8 products take another path on CPUs without VNNI
-    # (AVX2 only: AO@10 0.08 point lower on an AMD EPYC Zen 1), so int8 is held to a quarter point, half
-    # the margin the int8 qualification allows
-    tolerance = {"fp32": 1e-6, "int8": 0.25}
+    # fp32 is exact on any x86 CPU. int8 is held to a quarter point, half the margin the int8 qualification
+    # allows; where onnxruntime's int8 product saturates (x86 without VNNI) it takes another path (AO@10 0.08
+    # point lower on an AMD EPYC Zen 1, T2I R@10 0.25 higher on another EPYC), held to the whole margin
+    tolerance = {"fp32": 1e-6, "int8": 0.25 if int8_products_exact() else INT8_MAX_LOSS_POINTS}
     for metric in ("ao_at_10", "t2i_r_at_10"):
         for precision in ("fp32", "int8"):
-            assert getattr(measured, metric)[precision] == pytest.approx(getattr(shipped.evaluation, metric)[precision],
+            assert getattr(measured, metric)[precision] == pytest.approx(getattr(release, metric)[precision],
                                                                           abs=tolerance[precision])
-    serves = "int8" if shipped.qualifies()[0] else "fp32"
+    serves = "int8" if read_manifest(bundle).text_int8.qualifies()[0] else "fp32"  # as measured here
     assert f"auto precision serves {serves}" in r.output
     assert Encoder(bundle, precision="auto", load_image=False).precision == serves
 
