@@ -140,6 +140,9 @@ class Settings(BaseSettings):
     # {"method": "bank", "n": 30}); a request opts out with {"method": "none"}
     default_expansion: str | None = None
     caption_bank: Path | None = Field(None, description="caption bank folder (default: the bundle's bank under HOME)")
+    hub_tables: Path | None = Field(None, description="where each index version's hub table is kept (default: HOME/hub-tables); "
+                                    "on the volume replicas share, every replica reads the table a reindex or "
+                                    "`paraseek index build` wrote instead of computing its own")
     first_answer_bundle: Path | None = Field(
         None, description="a second bundle of the served image space whose first answer a request's `lead_margin` puts on "
         "top where that tower is sure of it (its first score above its second by more than the margin): a plainer, more "
@@ -202,3 +205,7 @@ class Settings(BaseSettings):
     @property
     def llm_cache_path(self) -> Path:
         return self.llm_cache or self.home / "llm-cache.jsonl"
+
+    @property
+    def hub_tables_dir(self) -> Path:
+        return self.hub_tables or self.home / "hub-tables"

@@ -161,7 +161,8 @@ class CaptionBank:
         return CaptionBank(self.path, self.manifest, self.texts, self.vectors, head)
 
     @classmethod
-    def load(cls, path: str | Path, encoder: Encoder) -> CaptionBank:
+    def load(cls, path: str | Path, encoder: Encoder | BundleManifest) -> CaptionBank:
+        """A bank checked against the tower it expands: an encoder, or its bundle's manifest (no model loaded)."""
         bank = cls.read(path)
         manifest = bank.manifest
         if (manifest.bundle, manifest.bundle_version) != (encoder.name, encoder.version):

@@ -4,9 +4,10 @@ of a product with the bank for every image a list shows for the first time (abou
 of a list's 100 results are new in a large collection: on 100K images, 2 cores, the robust default's p50 went
 from 1.34x to 1.14x that of the same expansion without the correction; ``loadtests/bench_hubness.py``).
 
-A table is keyed by what its numbers depend on: the serving tower, the index version (its backend, name,
-creation time and size) and the bank's vectors; a file whose key or size does not match is never read as
-this version's."""
+A table is keyed by what its numbers depend on: the index version (its backend, name, creation time and
+size) and the bank (the tower that embedded it, its vectors); a file whose key or size does not match is never
+read as this version's. A server builds its version's table at start; ``paraseek index build`` and an admin
+reindex write it before the version is published, so a large collection serves with it from its first query."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -91,18 +94,25 @@ class HubTable:
         return table
 
 
-def hub_table_key(model_id: str, snapshot_identity: Iterable[object], bank: CaptionBank) -> str:
-    """What a table's numbers depend on, as a file name: the tower, the index version, the bank's vectors
-    and the hubness temperature."""
+def hub_table_key(version_identity: Iterable[object], bank: CaptionBank) -> str:
+    """What a table's numbers depend on, as a file name: the index version, the bank (its manifest names the
+    tower that embedded it; its vectors) and the hubness temperature. Not the serving precision: the bank's
+    vectors are read from its files, so a table written by ``paraseek index build`` is the server's too."""
     h = hashlib.sha256()
-    for part in (model_id, *snapshot_identity, bank.manifest.model_dump_json(), HUB_TEMPERATURE):
+    for part in (*version_identity, bank.manifest.model_dump_json(), HUB_TEMPERATURE):
         h.update(repr(part).encode() + b"\0")
     h.update(np.ascontiguousarray(bank.vectors).tobytes())
     return h.hexdigest()[:32]
 
 
-def hub_table_path(home: Path, key: str) -> Path:
-    return Path(home) / "hub-tables" / f"{key}.npz"
+def version_identity(manifest) -> tuple:
+    """An index version as a hub table's key names it: backend, version, creation time and size (a version
+    written again under the same name is another)."""
+    return (manifest.backend, manifest.version, manifest.created_at, manifest.count)
+
+
+def hub_table_path(folder: Path, key: str) -> Path:
+    return Path(folder) / f"{key}.npz"
 
 
 def prune_hub_tables(folder: Path, keep: int = HUB_TABLES_KEPT) -> None:
@@ -115,3 +125,38 @@ def prune_hub_tables(folder: Path, keep: int = HUB_TABLES_KEPT) -> None:
             continue
     for _, old in sorted(written, reverse=True)[keep:]:
         old.unlink(missing_ok=True)
+
+
+class VersionContents(Protocol):
+    """What a table is computed from: a loaded index version (``paraseek.index.store.SearchableSnapshot``)."""
+
+    @property
+    def manifest(self) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+    def iter_contents(self) -> Iterable[tuple]: ...
+
+
+def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank) -> tuple[HubTable, float | None]:
+    """The index version's table against ``bank``: read back from ``folder`` (``Settings.hub_tables_dir``)
+    where it was written (by a server's start, a reindex or ``paraseek index build``), else computed over the
+    whole version and written there. Returns it with the seconds computing took (None when read back). A
+    folder that refuses the file is logged and the table returned all the same (computed again at the next
+    start)."""
+    path = hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank))
+    table = HubTable.load(path, len(snapshot))
+    if table is not None:
+        return table, None
+    began = time.perf_counter()
+    table = HubTable.compute(bank, snapshot.iter_contents())
+    if len(table) != len(snapshot):
+        raise ValueError(f"the version read back {len(table)} images of {len(snapshot)}")
+    seconds = time.perf_counter() - began
+    log.info("hubness of %d images of index version %s computed in %.1f s", len(table), snapshot.manifest.version, seconds)
+    try:
+        table.save(path)
+        prune_hub_tables(path.parent)
+    except OSError as exc:  # a read-only or full disk
+        log.warning("hub table not written to %s: %s", path, exc)
+    return table, seconds

@@ -203,7 +203,7 @@ class SearchEngine:
         if active is not None and expansion is not None and (expansion.hub_weight or (method is not None and method.uses_bank)):
             try:
                 self.expansion_sources.caption_bank(active)
-                if expansion.hub_weight:  # the served version's hub table, built beside the first requests
+                if self.hub_corrects_by_default:  # the served version's hub table, built beside the first requests
                     self.expansion_sources.start_hub_table(active)
             except RequestError as exc:
                 log.warning("default expansion %r unavailable: %s", expansion.method, exc)
@@ -265,9 +265,18 @@ class SearchEngine:
         self.encoder_batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
         self.metrics.index_size.set(len(active.snapshot))
         self.metrics.serving(active.snapshot.version, active.snapshot.backend, f"{active.encoder.name}:{active.encoder.version}")
+        if self.hub_corrects_by_default and self.expansion_sources.loaded_bank(active) is not None:
+            # a new version of the served tower (reindex, another replica's): its hub table at once (prepared by a
+            # reindex, or read back where ``paraseek index build`` wrote it), not at its first request
+            self.expansion_sources.start_hub_table(active)
         if replaces is not None and replaces is not active:
             # the replaced encoder/index back to the OS, not just to the heap; the new one out of the collector's reach
             freeze_long_lived()
+
+    @property
+    def hub_corrects_by_default(self) -> bool:
+        """Whether the default expansion orders lists by hubness (every version served then wants its table)."""
+        return self.default_expansion is not None and bool(self.default_expansion.hub_weight)
 
     @property
     def ready(self) -> bool:

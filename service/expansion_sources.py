@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,7 +16,7 @@ from paraseek.index.store import SearchView
 from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, configured_bank_dir
 from paraseek.paraphrase.factory import make_source
-from paraseek.paraphrase.hub_table import HubTable, hub_table_key, hub_table_path, prune_hub_tables
+from paraseek.paraphrase.hub_table import HubTable, hub_table_for
 from paraseek.paraphrase.llm import LLMError
 from paraseek.service.batcher import ContinuousBatcher, search_rows
 from paraseek.service.errors import RequestError
@@ -46,6 +45,8 @@ class ExpansionSources:
         # ... and, once built, the whole version's (``paraseek.paraphrase.hub_table``), which replaces them
         self._hub_tables: dict[tuple[str, str], HubTable] = {}
         self._hub_table_builds: set[tuple[str, str]] = set()  # being built, or failed
+        self._prepared_hub_tables: dict[tuple[str, str], HubTable] = {}  # a reindex's, until its version serves
+        self._hub_table_failed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def shutdown(self) -> None:
@@ -126,11 +127,16 @@ class ExpansionSources:
 
     def start_hub_table(self, active: Active, bank: CaptionBank | None = None) -> threading.Thread | None:
         """Build the serving index version's hub table on a thread of its own (read from PARASEEK_HOME where
-        an earlier start wrote it, else computed over the whole version and written there); None where it is
-        loaded, or being built, or failed for this version already (hubness then stays computed per image)."""
+        an earlier start, a reindex or ``paraseek index build`` wrote it, else computed over the whole version
+        and written there); None where it is loaded, prepared (installed here at once), being built, or failed
+        for this version already (hubness then stays computed per image)."""
         key = (active.model_id, active.snapshot.version)
         with self._lock:
             if key in self._hub_tables or key in self._hub_table_builds:
+                return None
+            prepared = self._prepared_hub_tables.pop(key, None)
+            if prepared is not None:
+                self._install_hub_table(key, prepared)
                 return None
             self._hub_table_builds.add(key)
         bank = bank if bank is not None else self.caption_bank(active)
@@ -138,32 +144,47 @@ class ExpansionSources:
         thread.start()
         return thread
 
+    def hub_table_state(self, active: Active) -> str | None:
+        """What ``/v1/info`` says of the served version's hub table: ready, building, failed (hubness is computed
+        per image), or None (no request or default asked for one)."""
+        key = (active.model_id, active.snapshot.version)
+        with self._lock:
+            if key in self._hub_tables:
+                return "ready"
+            if key in self._hub_table_failed:
+                return "failed"
+            return "building" if key in self._hub_table_builds else None
+
+    def prepare_hub_table(self, active: Active) -> float | None:
+        """The hub table of a version about to serve (a reindex's, before its swap), computed here and written
+        under PARASEEK_HOME, then installed when ``start_hub_table`` is asked for it, so the version serves
+        with it from its first request. Only for the tower whose bank is loaded (the served one): a reindex
+        with another bundle leaves its table to the thread after the swap. Returns the seconds computing
+        took (None: read back, or not this tower's)."""
+        bank = self.loaded_bank(active)
+        if bank is None:
+            return None
+        table, seconds = hub_table_for(self.settings.hub_tables_dir, active.snapshot, bank)
+        with self._lock:
+            self._prepared_hub_tables = {(active.model_id, active.snapshot.version): table}  # one version at a time
+        return seconds
+
     def _build_hub_table(self, active: Active, bank: CaptionBank, key: tuple[str, str]) -> None:
-        snapshot = active.snapshot
-        m = snapshot.manifest
         try:
-            path = hub_table_path(self.settings.home,
-                                  hub_table_key(active.model_id, (m.backend, m.version, m.created_at, m.count), bank))
-            table = HubTable.load(path, len(snapshot))
-            if table is None:
-                began = time.perf_counter()
-                table = HubTable.compute(bank, snapshot.iter_contents())
-                if len(table) != len(snapshot):
-                    raise ValueError(f"the version read back {len(table)} images of {len(snapshot)}")
-                log.info("hubness of %d images of index version %s computed in %.1f s", len(table), m.version,
-                         time.perf_counter() - began)
-                try:
-                    table.save(path)
-                    prune_hub_tables(path.parent)
-                except OSError as exc:  # a read-only or full home: served from memory, computed again next start
-                    log.warning("hub table not written to %s: %s", path, exc)
+            table, _ = hub_table_for(self.settings.hub_tables_dir, active.snapshot, bank)
         except Exception:  # an index that went away: per-image hubness still serves
-            log.exception("no hub table for index version %s: hubness stays computed per image", m.version)
+            log.exception("no hub table for index version %s: hubness stays computed per image", active.snapshot.version)
+            with self._lock:
+                self._hub_table_failed.add(key)
             return
         with self._lock:
-            self._hub_tables = {key: table}  # one bundle and snapshot serve at a time
+            self._install_hub_table(key, table)
             self._hub_table_builds.discard(key)  # a version served again later (a rollback) reads it back
-            self._hub_bias.pop(key, None)
+
+    def _install_hub_table(self, key: tuple[str, str], table: HubTable) -> None:
+        """Under ``_lock``."""
+        self._hub_tables = {key: table}  # one bundle and snapshot serve at a time
+        self._hub_bias.pop(key, None)
 
 
 class BatchedLookups:

@@ -123,6 +123,14 @@ class JobManager:
             active = Active(encoder, load_snapshot(store, encoder.image_space, settings, result.manifest.version),
                             first_answer_for(current, encoder))
             validate_snapshot(active)
+            report = dict(result.report)
+            if engine.hub_corrects_by_default:
+                try:  # computed before the swap, so the new version serves hub-corrected lists from its first request
+                    seconds = engine.expansion_sources.prepare_hub_table(active)
+                    if seconds is not None:
+                        report["hub_table_s"] = round(seconds, 3)
+                except Exception:  # an index that went away meanwhile: the swap's own build (or per-image hubness) serves
+                    log.exception("reindex %s: no hub table before the swap", job_id)
             # published only if what this build started from is still served (a reload or another
             # reindex meanwhile fails the job: the version stays written, unpublished)
             engine.swap(active, replaces=current, publish=lambda: store.activate(result.manifest.version))
@@ -130,7 +138,7 @@ class JobManager:
             if pruned:
                 log.info("pruned old snapshot versions %s", pruned)
             engine.metrics.reindex.labels("succeeded").inc()
-            self._update(job_id, state="succeeded", finished_at=_now(), report=result.report,
+            self._update(job_id, state="succeeded", finished_at=_now(), report=report,
                          snapshot_version=result.manifest.version)
             log.info("reindex %s: now serving snapshot %s", job_id, result.manifest.version)
         except BaseException as exc:  # the old snapshot keeps serving; the job says why

@@ -30,7 +30,9 @@ async def info(engine: SearchEngine = Depends(get_engine)) -> dict:
                      # the index's lists are read from the mapped snapshot file (page cache), not held in process memory
                      "memory_mapped": active.snapshot.memory_mapped,
                      # searches scan a quantized copy of a flat collection (PARASEEK_FLAT_SCAN_COPY)
-                     "scan_copy_bytes": active.snapshot.scan_copy_bytes},
+                     "scan_copy_bytes": active.snapshot.scan_copy_bytes,
+                     # each image's hubness for hub_weight: ready (a lookup), building or failed (computed per image)
+                     "hub_table": engine.expansion_sources.hub_table_state(active)},
         "cache": engine.cache.backend,
         "batching": engine.encoder_batcher.enabled,
         # the registry the request schema validates against; the search page lists these

@@ -1,12 +1,16 @@
 """A whole index version's hubness: computed chunk by chunk, looked up by id, written whole, refused when stale."""
 
+import logging
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from paraseek.paraphrase import hub_table
 from paraseek.paraphrase.caption_bank import CaptionBank
-from paraseek.paraphrase.hub_table import HubTable, hub_table_key, hub_table_path, prune_hub_tables
+from paraseek.paraphrase.hub_table import HubTable, hub_table_for, hub_table_key, hub_table_path, prune_hub_tables, version_identity
 
 
 def unit_rows(rng, n, dim):
@@ -59,17 +63,70 @@ def test_a_table_is_written_whole_and_read_back_only_for_its_size(tmp_path):
     assert HubTable.load(path, 30) is None
 
 
-def test_the_key_names_tower_version_and_bank():
+def test_the_key_names_version_and_bank_not_the_serving_precision():
     rng = np.random.default_rng(2)
     bank = small_bank(rng)
-    other_bank = CaptionBank.in_memory(bank.texts, np.roll(bank.vectors, 1, axis=0))
+    moved = CaptionBank.in_memory(bank.texts, np.roll(bank.vectors, 1, axis=0))
+    other_tower = CaptionBank.in_memory(bank.texts, bank.vectors, source="another tower")
     version = ("faiss", "v0001", "2026-11-28T00:00:00+00:00", 30)
-    key = hub_table_key("starter:3:int8", version, bank)
-    assert key == hub_table_key("starter:3:int8", version, bank)
-    assert key != hub_table_key("starter:3:fp32", version, bank)
-    assert key != hub_table_key("starter:3:int8", ("faiss", "v0001", "2026-11-29T00:00:00+00:00", 30), bank)
-    assert key != hub_table_key("starter:3:int8", version, other_bank)
-    assert hub_table_path("/home/x", key).name == f"{key}.npz"
+    key = hub_table_key(version, bank)
+    assert key == hub_table_key(version, CaptionBank.in_memory(list(bank.texts), bank.vectors.copy()))
+    assert key != hub_table_key(("faiss", "v0001", "2026-11-29T00:00:00+00:00", 30), bank)  # rewritten
+    assert key != hub_table_key(("milvus", "v0001", "2026-11-28T00:00:00+00:00", 30), bank)
+    assert key != hub_table_key(version, moved)
+    assert key != hub_table_key(version, other_tower)
+    manifest = SimpleNamespace(backend="faiss", version="v0001", created_at="2026-11-28T00:00:00+00:00", count=30)
+    assert hub_table_key(version_identity(manifest), bank) == key
+    assert hub_table_path("/tables", key) == Path("/tables") / f"{key}.npz"
+
+
+class Version:
+    """A loaded index version as ``hub_table_for`` reads it, counting whole-version reads."""
+
+    def __init__(self, ids, vectors, version="v0001"):
+        self.ids, self.vectors, self.reads = ids, vectors, 0
+        self.manifest = SimpleNamespace(backend="faiss", version=version, created_at="2026-11-28T00:00:00+00:00",
+                                        count=len(ids))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def iter_contents(self):
+        self.reads += 1
+        return chunks(self.ids, self.vectors, 8)
+
+
+def test_hub_table_for_computes_a_version_once_and_reads_it_back(tmp_path, caplog):
+    rng = np.random.default_rng(3)
+    bank = small_bank(rng)
+    version = Version(np.arange(20, 45), unit_rows(rng, 25, 16))
+    table, seconds = hub_table_for(tmp_path, version, bank)
+    assert seconds is not None and version.reads == 1
+    np.testing.assert_allclose(table.lookup(version.ids)[0], bank.hub_bias(version.vectors), rtol=1e-5)
+    written = hub_table_path(tmp_path, hub_table_key(version_identity(version.manifest), bank))
+    assert written.is_file()
+
+    again, seconds = hub_table_for(tmp_path, version, bank)
+    assert seconds is None and version.reads == 1  # read back, not computed
+    np.testing.assert_array_equal(again.bias, table.bias)
+
+    grown = Version(np.arange(20, 46), unit_rows(rng, 26, 16), version="v0002")
+    hub_table_for(tmp_path, grown, bank)
+    assert grown.reads == 1 and len(list(written.parent.glob("*.npz"))) == 2
+
+    class Short(Version):  # a backend that read back fewer images than the version holds
+        def __len__(self):
+            return 6
+
+    with pytest.raises(ValueError, match="read back 5 images of 6"):
+        hub_table_for(tmp_path, Short(np.arange(5), unit_rows(rng, 5, 16), version="v0003"), bank)
+
+    refusing = tmp_path / "refusing"
+    refusing.write_text("a file where the folder would be")
+    with caplog.at_level(logging.WARNING, logger="paraseek.paraphrase.hub_table"):
+        kept, seconds = hub_table_for(refusing, version, bank)
+    assert seconds is not None and "hub table not written" in caplog.text
+    np.testing.assert_array_equal(kept.bias, table.bias)
 
 
 def test_pruning_keeps_the_newest_tables(tmp_path):

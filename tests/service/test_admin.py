@@ -52,6 +52,28 @@ def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data
         assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == after["version"]
 
 
+def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
+    """With a default hub_weight, a reindex computes the new version's hub table before the swap: the version
+    serves lists by table lookup from its first request, and the table is on disk for the other replicas."""
+    settings = make_settings(snapshot=snapshot_copy, reindex_root=shared_data, caption_bank=starter_bank.path,
+                             default_expansion='{"method": "none", "hub_weight": 0.5}')
+    with TestClient(create_app(settings)) as c:
+        deadline = time.time() + 60
+        while c.get("/v1/info").json()["snapshot"]["hub_table"] != "ready":  # the served version's, built at start
+            assert time.time() < deadline, "no hub table at start within 60 s"
+            time.sleep(0.1)
+        job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(shared_data / "coco-mini/captions_val2017.json")},
+                                 headers=AUTH).json()["id"])
+        assert job["state"] == "succeeded", job
+        assert job["report"]["hub_table_s"] >= 0  # computed, not read back
+        info = c.get("/v1/info").json()["snapshot"]
+        assert info["version"] == job["snapshot_version"] and info["hub_table"] == "ready"  # at once, not built after
+        assert len(list((settings.home / "hub-tables").glob("*.npz"))) == 2
+        assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == info["version"]
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:  # no hub_weight asked for: no table
+        assert c.get("/v1/info").json()["snapshot"]["hub_table"] is None
+
+
 def test_failed_reindex_keeps_old_snapshot(make_settings, snapshot_copy, tmp_path):
     junk = tmp_path / "junk"
     junk.mkdir()

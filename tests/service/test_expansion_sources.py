@@ -149,10 +149,37 @@ def test_a_hub_table_that_cannot_be_written_still_serves_from_memory(starter_ban
     active = SimpleNamespace(model_id="m:1:fp32", snapshot=(snap := CountingSnapshot(vectors, "v1")))
     sources = sources_with(starter_bank, tmp_path, monkeypatch)
     try:
-        with caplog.at_level(logging.WARNING, logger="paraseek.service.expansion_sources"):
+        with caplog.at_level(logging.WARNING, logger="paraseek.paraphrase.hub_table"):
             build_table(sources, active)
         assert "hub table not written" in caplog.text
         np.testing.assert_allclose(sources.hub_bias(active, np.array([[4, 0]])), [[want[4], want[0]]], rtol=1e-5)
         assert snap.asked == [] and snap.reads == 1  # from the table in memory
+    finally:
+        sources.shutdown()
+
+
+def test_a_prepared_hub_table_is_installed_when_its_version_serves(starter_bank, monkeypatch, tmp_path):
+    """A reindex computes the new version's table before its swap; the swap installs it with no read of the
+    version and no per-image product; a tower whose bank is not loaded (a reindex with another bundle) is left
+    to the build after its swap."""
+    vectors = unit_vectors(starter_bank.manifest.dim, range(40, 52))
+    want = hubness(starter_bank, vectors)
+    sources = sources_with(starter_bank, tmp_path, monkeypatch)
+    serving = SimpleNamespace(model_id="m:1:fp32", snapshot=CountingSnapshot(vectors, "v1"))
+    new = SimpleNamespace(model_id="m:1:fp32", snapshot=(snap := CountingSnapshot(vectors, "v2")))
+    try:
+        assert sources.prepare_hub_table(new) is None  # no bank loaded yet: nothing prepared
+        monkeypatch.setattr(sources, "loaded_bank", lambda active: starter_bank if active.model_id == "m:1:fp32" else None)
+        seconds = sources.prepare_hub_table(new)
+        assert seconds is not None and snap.reads == 1 and len(list((tmp_path / "hub-tables").glob("*.npz"))) == 1
+        build_table(sources, serving)  # the version serving meanwhile keeps its own table
+        np.testing.assert_allclose(sources.hub_bias(serving, np.array([[41]])), [[want[41]]], rtol=1e-5)
+
+        assert sources.start_hub_table(new) is None  # the swap: installed at once, no thread
+        np.testing.assert_allclose(sources.hub_bias(new, np.array([[50, 44]])), [[want[50], want[44]]], rtol=1e-5)
+        assert snap.reads == 1 and snap.asked == []
+
+        other_tower = SimpleNamespace(model_id="other:1:fp32", snapshot=CountingSnapshot(vectors, "v3"))
+        assert sources.prepare_hub_table(other_tower) is None and other_tower.snapshot.reads == 0
     finally:
         sources.shutdown()
