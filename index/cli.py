@@ -23,6 +23,8 @@ from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import SearchFilter
 from paraseek.index.snapshot import Snapshot, read_snapshot_manifest, resolve
 from paraseek.index.store import SearchHit, SnapshotStore
+from paraseek.paraphrase.caption_bank import CaptionBank, configured_bank_dir
+from paraseek.paraphrase.hub_table import hub_table_for
 
 app = typer.Typer(help="Build, update, inspect and search index snapshots.", no_args_is_help=True)
 
@@ -59,6 +61,58 @@ def open_cli_store(backend: str | None, root: Path | None, uri: str | None, coll
     return store_from_settings(settings, root)
 
 
+
+
+HUB_TABLE_HELP = ("Write the version's hub table (each image's hubness against the serving bundle's caption bank: "
+                  "PARASEEK_CAPTION_BANK, else PARASEEK_BUNDLE's default bank under PARASEEK_HOME) before publishing "
+                  "it, so a server whose default expansion has a hub_weight serves it hub-corrected from its first "
+                  "query instead of building the table at start (about 7 MFLOP an image). Default: when "
+                  "PARASEEK_DEFAULT_EXPANSION has a hub_weight and that bank exists.")
+
+
+def default_hub_weight(settings: Settings) -> float:
+    """The hub_weight of the server's default expansion on these settings (0 where it has none; a malformed
+    one is the server's to refuse)."""
+    try:
+        expansion = json.loads(settings.default_expansion or "{}")
+    except json.JSONDecodeError:
+        return 0.0
+    weight = expansion.get("hub_weight") if isinstance(expansion, dict) else None
+    return float(weight) if isinstance(weight, (int, float)) else 0.0
+
+
+def serving_hub_bank(wanted: bool | None, image_space: str) -> CaptionBank | None:
+    """The bank a server on these settings corrects hubness against, for a version of ``image_space``:
+    ``wanted`` True (--hub-table; no such bank is an error), False (none), None (where the default expansion
+    has a hub_weight and the bank exists; else a note on stderr)."""
+    if wanted is False:
+        return None
+    settings = Settings()
+    if wanted is None and not default_hub_weight(settings):
+        return None
+    try:
+        bundle = read_manifest(settings.bundle_dir, verify=False)
+        bank = CaptionBank.load(configured_bank_dir(settings, bundle), bundle)
+        if bank.manifest.image_space != image_space:
+            raise UserError(f"caption bank {bank.path} is in image space {bank.manifest.image_space!r}, the index in "
+                            f"{image_space!r}")
+    except UserError as exc:
+        if wanted:
+            raise UserError(f"--hub-table: {exc}") from exc
+        err.print(f"no hub table written: {exc}", highlight=False)
+        return None
+    return bank
+
+
+def write_hub_table(store: SnapshotStore, version: str, bank: CaptionBank) -> None:
+    snapshot = store.load(version, use_gpu=False)  # read, not searched
+    try:
+        table, seconds = hub_table_for(Settings().hub_tables_dir, snapshot, bank)
+    finally:
+        snapshot.close()
+    done = "already written" if seconds is None else f"computed in {seconds:.1f} s"
+    console.print(f"hub table of {version}: {len(table)} images against {bank.path.name}, {done}", highlight=False,
+                  soft_wrap=True)
 
 
 def index_spec(index_type: str, params: str | None) -> IndexSpec:
@@ -114,6 +168,7 @@ def build_cmd(
                                                     "images from these folders only."),
     drop_outside_paths: bool = typer.Option(False, help="With --embeddings: index rows whose image path lies outside "
                                             "the image roots without that path (their url stays), instead of refusing."),
+    hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
     if (source is None) == (embeddings is None):
@@ -137,18 +192,28 @@ def build_cmd(
             image_space, name, version = manifest.image_space, manifest.name, manifest.version
         else:
             name, version = "precomputed", ""
+        bank = serving_hub_bank(hub_table, image_space)  # before the build: a refused --hub-table costs nothing
         result = build_snapshot_from_vectors(embeddings, store, image_space=image_space, bundle_name=name,
                                              bundle_version=version, metadata=metadata, spec=spec, normalize=normalize,
                                              target_recall=target_recall, queries=queries, image_roots=image_root,
-                                             drop_outside_paths=drop_outside_paths)
+                                             drop_outside_paths=drop_outside_paths, activate=bank is None)
         unit = "vectors"
     else:
+        encoder = load_encoder(bundle)
+        bank = serving_hub_bank(hub_table, encoder.image_space)
         result = build_snapshot(
-            source, load_encoder(bundle), store, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
-            target_recall=target_recall,
+            source, encoder, store, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
+            target_recall=target_recall, activate=bank is None,
         )
         unit = "images"
     m = result.manifest
+    if bank is not None:  # the table before the version is published, so no server sees the version without it
+        try:
+            write_hub_table(store, m.version, bank)
+        except Exception as exc:  # the version still publishes: a server builds the table itself at start
+            err.print(f"hub table not written ({type(exc).__name__}: {exc}): servers compute it when they load "
+                      f"{m.version}", highlight=False)
+        store.activate(m.version)
     console.print(
         f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
         f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""),
@@ -266,6 +331,24 @@ def verify_cmd(
         name = store.manifest(version).version
         store.load(version, rehash=True, use_gpu=False)
     console.print(f"version {name}: matches its manifest ({time.perf_counter() - started:.1f} s)", highlight=False)
+
+
+@app.command("hub-table")
+@user_errors
+def hub_table_cmd(
+    root: Optional[Path] = typer.Argument(None, help="Snapshot root (faiss; default: PARASEEK_SNAPSHOT)."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+    version: Optional[str] = typer.Option(None, help="A version other than the current one."),
+):
+    """Write a published version's hub table under PARASEEK_HOME (each image's hubness against the serving
+    bundle's caption bank), so servers read it instead of computing it at start."""
+    store = open_cli_store(backend, root, uri, collection)
+    manifest = store.manifest(version)
+    bank = serving_hub_bank(True, manifest.image_space)
+    assert bank is not None  # wanted: refused above otherwise
+    write_hub_table(store, manifest.version, bank)
 
 
 @app.command("search")

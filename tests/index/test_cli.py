@@ -1,0 +1,145 @@
+"""``paraseek index build --hub-table`` and ``paraseek index hub-table``: a version's hub table written where
+servers read it, before the version is published."""
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from paraseek.cli import app
+from paraseek.index import cli as index_cli
+from paraseek.paraphrase.hub_table import HubTable, hub_table_key, hub_table_path, version_identity
+
+runner = CliRunner()
+HUB_DEFAULT = '{"method": "none", "hub_weight": 0.5}'
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch, starter_bundle, starter_bank):
+    """Settings a server and the CLI share: a home, the serving bundle and its bank; unit vectors of its space."""
+    monkeypatch.setenv("PARASEEK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PARASEEK_BUNDLE", str(starter_bundle))
+    monkeypatch.setenv("PARASEEK_CAPTION_BANK", str(starter_bank.path))
+    monkeypatch.delenv("PARASEEK_DEFAULT_EXPANSION", raising=False)
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(120, starter_bank.manifest.dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.save(tmp_path / "v.npy", vectors)
+    return tmp_path
+
+
+def build(env, *extra):
+    return runner.invoke(app, ["index", "build", "--embeddings", str(env / "v.npy"), "--out", str(env / "snap"), *extra])
+
+
+def manifest_of(env, version=None):
+    info = runner.invoke(app, ["index", "info", str(env / "snap")] + (["--version", version] if version else []))
+    return json.loads(info.output)
+
+
+def table_path(env, manifest, bank):
+    return hub_table_path(env / "home" / "hub-tables", hub_table_key(version_identity(SimpleNamespace(**manifest)), bank))
+
+
+def test_a_default_hub_weight_writes_the_table_before_the_version_is_published(env, starter_bank, monkeypatch):
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
+    current_when_written = []
+    real = index_cli.hub_table_for
+
+    def recording(home, snapshot, bank):
+        current_when_written.append((env / "snap" / "current").is_file())
+        return real(home, snapshot, bank)
+
+    monkeypatch.setattr(index_cli, "hub_table_for", recording)
+    r = build(env)
+    assert r.exit_code == 0, r.output
+    manifest = manifest_of(env)
+    assert f"hub table of {manifest['version']}: 120 images" in r.output and "computed in" in r.output
+    assert current_when_written == [False]  # no server could load the version without its table
+    table = HubTable.load(table_path(env, manifest, starter_bank), 120)
+    assert table is not None and table.ids.tolist() == list(range(120))
+    np.testing.assert_allclose(table.bias, starter_bank.hub_bias(np.load(env / "v.npy")), rtol=1e-5)
+
+    r = build(env, "--no-hub-table")  # asked not to: the next version has none
+    assert r.exit_code == 0 and "hub table" not in r.output
+    assert not table_path(env, manifest_of(env), starter_bank).exists()
+
+    r = runner.invoke(app, ["index", "hub-table", str(env / "snap")])  # written afterwards for the current version
+    assert r.exit_code == 0, r.output
+    assert f"hub table of {manifest_of(env)['version']}: 120 images" in r.output
+    assert table_path(env, manifest_of(env), starter_bank).is_file()
+    again = runner.invoke(app, ["index", "hub-table", str(env / "snap"), "--version", manifest["version"]])
+    assert again.exit_code == 0 and "already written" in again.output
+
+
+def test_no_default_hub_weight_writes_no_table_unless_asked(env, starter_bank):
+    r = build(env)
+    assert r.exit_code == 0, r.output
+    assert "hub table" not in r.output and not (env / "home" / "hub-tables").exists()
+    r = build(env, "--hub-table")
+    assert r.exit_code == 0 and f"hub table of {manifest_of(env)['version']}" in r.output
+    assert table_path(env, manifest_of(env), starter_bank).is_file()
+
+
+def test_a_hub_table_without_its_bank_is_refused_before_the_build(env, monkeypatch):
+    monkeypatch.setenv("PARASEEK_CAPTION_BANK", str(env / "no-bank"))
+    r = build(env, "--hub-table")
+    assert r.exit_code == 2 and "--hub-table" in r.output and "manifest.json is missing" in r.output
+    assert not (env / "snap").exists()  # nothing was built
+    r = build(env, "--hub-table", "--image-space", "another/space")
+    assert r.exit_code == 2 and "no-bank" in r.output
+
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)  # the default only: noted, and the version published
+    r = build(env)
+    assert r.exit_code == 0 and "no hub table written" in r.output and (env / "snap" / "current").is_file()
+    r = runner.invoke(app, ["index", "hub-table", str(env / "snap")])
+    assert r.exit_code == 2 and "manifest.json is missing" in r.output
+
+
+def test_a_bank_of_another_image_space_is_not_the_versions(env, monkeypatch):
+    r = build(env, "--hub-table", "--image-space", "another/space")
+    assert r.exit_code == 2 and "image space" in r.output and not (env / "snap").exists()
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
+    r = build(env, "--image-space", "another/space")
+    assert r.exit_code == 0 and "no hub table written" in r.output
+
+
+def test_a_server_reads_the_table_the_build_wrote(env, monkeypatch):
+    """The user's path: build with the server's settings, then serve (a replica with a home of its own and the
+    tables on the shared volume, PARASEEK_HUB_TABLES); the server computes nothing."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.core.settings import Settings
+    from paraseek.service.main import create_app
+
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
+    monkeypatch.setenv("PARASEEK_HUB_TABLES", str(env / "shared" / "hub-tables"))
+    assert build(env).exit_code == 0
+    assert len(list((env / "shared" / "hub-tables").glob("*.npz"))) == 1
+
+    real = HubTable.compute.__func__
+
+    def only_the_cli(cls, bank, contents):  # the CLI runs in this process too; the server builds on "hub-table"
+        if threading.current_thread().name == "hub-table":
+            raise AssertionError("the server computed the table the build wrote")
+        return real(cls, bank, contents)
+
+    monkeypatch.setattr(HubTable, "compute", classmethod(only_the_cli))
+    settings = Settings(home=env / "replica", snapshot=env / "snap", precision="fp32", log_json=False, snapshot_poll_s=0.2)
+
+    def served_table(c, version):
+        deadline = time.time() + 60
+        while (info := c.get("/v1/info").json()["snapshot"])["version"] != version or info["hub_table"] in (None, "building"):
+            assert time.time() < deadline, f"{version} not served with a hub table within 60 s"
+            time.sleep(0.1)
+        return info["hub_table"]
+
+    with TestClient(create_app(settings)) as c:
+        assert served_table(c, manifest_of(env)["version"]) == "ready"
+        assert len(c.post("/v1/search", json={"query": "a dog on a couch", "k": 3}).json()["results"]) == 3
+        assert build(env).exit_code == 0  # a new version published while it serves: read at its swap
+        assert served_table(c, manifest_of(env)["version"]) == "ready"
