@@ -4,7 +4,9 @@ default's expansion, against the same expansion at ``hub_weight`` 0, distinct ca
 alternating in each round; medians over the rounds. This checkout's server reads each image's hubness from
 the index version's hub table, built on a thread at start (its build time is reported; the rows are measured
 after it is built); ``--before DIR`` runs a checkout of an older commit beside it under the same load, which
-computes hubness per image the first time a list shows it.
+computes hubness per image the first time a list shows it. Then the table as ``paraseek index build`` and
+``paraseek index hub-table`` write it, before a server loads the version: its time there, and how long after
+the server answered ``/readyz`` each way of getting it left lists corrected per image (``/v1/info``).
 
     python -m paraseek.loadtests.bench_hubness --data ../shared/data [--size 100000] [--before /tmp/before]
         [--bundle B --bank DIR]
@@ -15,10 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+import httpx
 
 from paraseek.core.bundle import read_manifest
 from paraseek.core.settings import Settings
@@ -40,6 +47,20 @@ def wait_for_table(home: Path, since: float, timeout: float) -> float | None:
         if any(t >= since for t in written):
             return max(written) - since
         time.sleep(0.5)
+    return None
+
+
+def table_after_ready(url: str, timeout: float) -> float | None:
+    """Seconds from now (a server that has just answered ``/readyz``) until ``/v1/info`` says its version's hub
+    table is ready; None if it failed or did not come by ``timeout``."""
+    began = time.time()
+    while time.time() < began + timeout:
+        state = httpx.get(f"{url}/v1/info", timeout=10).json()["snapshot"]["hub_table"]
+        if state == "ready":
+            return time.time() - began
+        if state == "failed":
+            return None
+        time.sleep(0.1)
     return None
 
 
@@ -79,8 +100,9 @@ def main(argv=None) -> int:
         proc, url = start_paraseek(home, checkout, **env)
         try:
             if checkout is None:
+                behind = table_after_ready(url, args.table_timeout)
                 built = wait_for_table(home, started, args.table_timeout)
-                if built is None:
+                if built is None or behind is None:
                     print(f"no hub table within {args.table_timeout:.0f} s")
                     return 1
             for round_ in range(args.rounds):
@@ -95,10 +117,25 @@ def main(argv=None) -> int:
         finally:
             stop_server(proc, 10)
 
+    # the table written beforehand, as `paraseek index build` does before it publishes a version
+    shutil.rmtree(home / "hub-tables", ignore_errors=True)
+    began = time.time()
+    subprocess.run([sys.executable, "-m", "paraseek.cli", "index", "hub-table", str(root)], check=True,
+                   env={**os.environ, "PARASEEK_HOME": str(home), **{k: str(v) for k, v in env.items()}})
+    written = time.time() - began
+    proc, url = start_paraseek(home, None, **env)
+    try:
+        behind_written = table_after_ready(url, args.table_timeout)
+    finally:
+        stop_server(proc, 10)
+
     print(f"\nhub correction on {args.size:,} images (flat index, {read_manifest(bundle, verify=False).name}, the robust "
           f"starter's default expansion), "
           f"{args.rounds} rounds x {args.seconds:.0f} s, loopback; {cpu_description()}")
-    print(f"this checkout's hub table: written {built:.1f} s after the server was started")
+    print(f"this checkout's hub table: written {built:.1f} s after the server was started, ready {behind:.1f} s after "
+          f"it answered /readyz (lists corrected per image meanwhile)")
+    print(f"written beforehand by `paraseek index hub-table` in {written:.1f} s (process start included): ready "
+          + (f"{behind_written:.1f} s after /readyz" if behind_written is not None else "never (failed)"))
     width = max(len(f"{label}: {name}") for label in servers for name in CONFIGS)
     print(f"{'server: expansion':{width}} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'p50 / hub 0':>12} {'fail':>5}")
     failures = 0

@@ -14,4 +14,5 @@ def test_bench_hubness_waits_for_the_table_and_prints_both_rows(starter_bundle, 
     assert "hub correction on 3,000 images" in out and "this checkout's hub table: written" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("this checkout:")]
     assert len(rows) == 2 and rows[1][-2] == "1.00"  # the hub-0 row is the ratios' base
-    assert len(list((tmp_path / "home" / "hub-tables").glob("*.npz"))) == 1
+    assert len(list((tmp_path / "home" / "hub-tables").glob("*.npz"))) == 1  # the one `index hub-table` wrote
+    assert "written beforehand by `paraseek index hub-table`" in out and "never (failed)" not in out
