@@ -64,8 +64,8 @@ def open_cli_store(backend: str | None, root: Path | None, uri: str | None, coll
 
 
 HUB_TABLE_HELP = ("Write the version's hub table (each image's hubness against the serving bundle's caption bank: "
-                  "PARASEEK_CAPTION_BANK, else PARASEEK_BUNDLE's default bank under PARASEEK_HOME) before publishing "
-                  "it, so a server whose default expansion has a hub_weight serves it hub-corrected from its first "
+                  "PARASEEK_CAPTION_BANK, else PARASEEK_BUNDLE's default bank under PARASEEK_HOME) under "
+                  "PARASEEK_HUB_TABLES before publishing it, so a server whose default expansion has a hub_weight serves it hub-corrected from its first "
                   "query instead of building the table at start (about 7 MFLOP an image). Default: when "
                   "PARASEEK_DEFAULT_EXPANSION has a hub_weight and that bank exists.")
 
@@ -342,8 +342,8 @@ def hub_table_cmd(
     collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
     version: Optional[str] = typer.Option(None, help="A version other than the current one."),
 ):
-    """Write a published version's hub table under PARASEEK_HOME (each image's hubness against the serving
-    bundle's caption bank), so servers read it instead of computing it at start."""
+    """Write a published version's hub table under PARASEEK_HUB_TABLES (default: PARASEEK_HOME/hub-tables; each
+    image's hubness against the serving bundle's caption bank), so servers read it instead of computing it."""
     store = open_cli_store(backend, root, uri, collection)
     manifest = store.manifest(version)
     bank = serving_hub_bank(True, manifest.image_space)

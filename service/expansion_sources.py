@@ -126,7 +126,7 @@ class ExpansionSources:
                          for row in np.atleast_2d(ids)], np.float32)
 
     def start_hub_table(self, active: Active, bank: CaptionBank | None = None) -> threading.Thread | None:
-        """Build the serving index version's hub table on a thread of its own (read from PARASEEK_HOME where
+        """Build the serving index version's hub table on a thread of its own (read from PARASEEK_HUB_TABLES where
         an earlier start, a reindex or ``paraseek index build`` wrote it, else computed over the whole version
         and written there); None where it is loaded, prepared (installed here at once), being built, or failed
         for this version already (hubness then stays computed per image)."""
@@ -157,7 +157,7 @@ class ExpansionSources:
 
     def prepare_hub_table(self, active: Active) -> float | None:
         """The hub table of a version about to serve (a reindex's, before its swap), computed here and written
-        under PARASEEK_HOME, then installed when ``start_hub_table`` is asked for it, so the version serves
+        under PARASEEK_HUB_TABLES, then installed when ``start_hub_table`` is asked for it, so the version serves
         with it from its first request. Only for the tower whose bank is loaded (the served one): a reindex
         with another bundle leaves its table to the thread after the swap. Returns the seconds computing
         took (None: read back, or not this tower's)."""
