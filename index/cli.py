@@ -65,8 +65,9 @@ def open_cli_store(backend: str | None, root: Path | None, uri: str | None, coll
 
 HUB_TABLE_HELP = ("Write the version's hub table (each image's hubness against the serving bundle's caption bank: "
                   "PARASEEK_CAPTION_BANK, else PARASEEK_BUNDLE's default bank under PARASEEK_HOME) under "
-                  "PARASEEK_HUB_TABLES before publishing it, so a server whose default expansion has a hub_weight serves it hub-corrected from its first "
-                  "query instead of building the table at start (about 7 MFLOP an image). Default: when "
+                  "PARASEEK_HUB_TABLES before publishing it, so a server whose default expansion has a hub_weight "
+                  "serves it hub-corrected from its first query instead of building the table at start (about 7 "
+                  "MFLOP an image). Default: when "
                   "PARASEEK_DEFAULT_EXPANSION has a hub_weight and that bank exists.")
 
 
