@@ -39,9 +39,8 @@ DEFAULT = json.loads(EMBEDDED_DEFAULT_EXPANSION["robust"])
 CONFIGS = {"default": DEFAULT, "default, hub_weight 0": {**DEFAULT, "hub_weight": 0}}
 
 
-def wait_for_table(home: Path, since: float, timeout: float) -> float | None:
-    """Seconds from ``since`` until a hub table written after it is in ``home``, or None by ``timeout``."""
-    folder = home / "hub-tables"
+def wait_for_table(folder: Path, since: float, timeout: float) -> float | None:
+    """Seconds from ``since`` until a hub table written after it is in ``folder``, or None by ``timeout``."""
     while time.time() < since + timeout:
         written = [p.stat().st_mtime for p in folder.glob("*.npz")] if folder.is_dir() else []
         if any(t >= since for t in written):
@@ -91,17 +90,18 @@ def main(argv=None) -> int:
     env = {"PARASEEK_BUNDLE": bundle, "PARASEEK_SNAPSHOT": root, "PARASEEK_DEFAULT_EXPANSION": json.dumps(DEFAULT),
            **({"PARASEEK_CAPTION_BANK": args.bank} if args.bank else {})}
 
+    tables = Settings(home=home).hub_tables_dir  # where the servers and `index hub-table` keep them
     servers = {"this checkout": None, **({"before": args.before} if args.before else {})}
     results: dict[tuple[str, str, int], list[dict]] = {}
     built: float | None = None
     for label, checkout in servers.items():
-        shutil.rmtree(home / "hub-tables", ignore_errors=True)  # built anew: its build time is reported
+        shutil.rmtree(tables, ignore_errors=True)  # built anew: its build time is reported
         started = time.time()
         proc, url = start_paraseek(home, checkout, **env)
         try:
             if checkout is None:
                 behind = table_after_ready(url, args.table_timeout)
-                built = wait_for_table(home, started, args.table_timeout)
+                built = wait_for_table(tables, started, args.table_timeout)
                 if built is None or behind is None:
                     print(f"no hub table within {args.table_timeout:.0f} s")
                     return 1
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             stop_server(proc, 10)
 
     # the table written beforehand, as `paraseek index build` does before it publishes a version
-    shutil.rmtree(home / "hub-tables", ignore_errors=True)
+    shutil.rmtree(tables, ignore_errors=True)
     began = time.time()
     subprocess.run([sys.executable, "-m", "paraseek.cli", "index", "hub-table", str(root)], check=True,
                    env={**os.environ, "PARASEEK_HOME": str(home), **{k: str(v) for k, v in env.items()}})

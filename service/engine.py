@@ -265,10 +265,11 @@ class SearchEngine:
         self.encoder_batcher.max_batch_size = self.settings.max_batch_size or default_text_batch(active.encoder)
         self.metrics.index_size.set(len(active.snapshot))
         self.metrics.serving(active.snapshot.version, active.snapshot.backend, f"{active.encoder.name}:{active.encoder.version}")
-        if self.hub_corrects_by_default and self.expansion_sources.loaded_bank(active) is not None:
+        bank = self.expansion_sources.loaded_bank(active) if self.hub_corrects_by_default else None
+        if bank is not None:
             # a new version of the served tower (reindex, another replica's): its hub table at once (prepared by a
             # reindex, or read back where ``paraseek index build`` wrote it), not at its first request
-            self.expansion_sources.start_hub_table(active)
+            self.expansion_sources.start_hub_table(active, bank)
         if replaces is not None and replaces is not active:
             # the replaced encoder/index back to the OS, not just to the heap; the new one out of the collector's reach
             freeze_long_lived()
