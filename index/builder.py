@@ -277,6 +277,7 @@ def update_snapshot(
     retrain: bool = False,
     image_root: str | Path | None = None,
     progress: bool = True,
+    activate: bool = True,
 ) -> BuildResult:
     """New version = current +/- images, without re-encoding the images already indexed.
 
@@ -284,6 +285,8 @@ def update_snapshot(
     ``retrain``; removal rebuilds the index structure from the stored vectors (HNSW graphs cannot
     delete), still without re-encoding. Milvus: the new version's collection is filled from the
     current one's stored vectors plus the new images, and indexed by Milvus.
+
+    With ``activate=False`` the version is written but not made current (as ``build_snapshot``).
     """
     store = as_store(root)
     base = store.load(image_space=encoder.image_space, use_gpu=False)  # its contents are read, not searched
@@ -334,7 +337,7 @@ def update_snapshot(
     report = {"parent": m.version, "added": added, "removed": len(remove), "skipped": skipped,
               "retrained": retrain, "index_rebuilt": index is None}
     draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, source, report, parent=m.version)
-    where, manifest = _finish(store, draft, encoder, spec, index=index)
+    where, manifest = _finish(store, draft, encoder, spec, index=index, activate=activate)
     return BuildResult(where, manifest, skipped, report=report)
 
 

@@ -61,9 +61,7 @@ def open_cli_store(backend: str | None, root: Path | None, uri: str | None, coll
     return store_from_settings(settings, root)
 
 
-
-
-HUB_TABLE_HELP = ("Write the version's hub table (each image's hubness against the serving bundle's caption bank: "
+HUB_TABLE_HELP = ("Write the new version's hub table (each image's hubness against the serving bundle's caption bank: "
                   "PARASEEK_CAPTION_BANK, else PARASEEK_BUNDLE's default bank under PARASEEK_HOME) under "
                   "PARASEEK_HUB_TABLES before publishing it, so a server whose default expansion has a hub_weight "
                   "serves it hub-corrected from its first query instead of building the table at start (about 7 "
@@ -114,6 +112,20 @@ def write_hub_table(store: SnapshotStore, version: str, bank: CaptionBank) -> No
     done = "already written" if seconds is None else f"computed in {seconds:.1f} s"
     console.print(f"hub table of {version}: {len(table)} images against {bank.path.name}, {done}", highlight=False,
                   soft_wrap=True)
+
+
+def publish_with_hub_table(store: SnapshotStore, version: str, bank: CaptionBank | None) -> None:
+    """Make a version written unpublished (``activate=False``) current, its hub table against ``bank`` written
+    first, so no server loads the version without it. A table that cannot be written is reported, and the
+    version published all the same: a server then computes the table when it loads it."""
+    if bank is None:
+        return  # the version was published as it was written
+    try:
+        write_hub_table(store, version, bank)
+    except Exception as exc:
+        err.print(f"hub table not written ({type(exc).__name__}: {exc}): servers compute it when they load "
+                  f"{version}", highlight=False)
+    store.activate(version)
 
 
 def index_spec(index_type: str, params: str | None) -> IndexSpec:
@@ -208,13 +220,7 @@ def build_cmd(
         )
         unit = "images"
     m = result.manifest
-    if bank is not None:  # the table before the version is published, so no server sees the version without it
-        try:
-            write_hub_table(store, m.version, bank)
-        except Exception as exc:  # the version still publishes: a server builds the table itself at start
-            err.print(f"hub table not written ({type(exc).__name__}: {exc}): servers compute it when they load "
-                      f"{m.version}", highlight=False)
-        store.activate(m.version)
+    publish_with_hub_table(store, m.version, bank)
     console.print(
         f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
         f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""),
@@ -261,12 +267,16 @@ def update_cmd(
     add: Optional[Path] = typer.Option(None, help="Image folder or COCO JSON to add."),
     remove: List[int] = typer.Option([], help="Image id to remove (repeatable)."),
     retrain: bool = typer.Option(False, help="Re-train IVF quantisers on the new contents."),
+    hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
 ):
     """Add/remove images: a new snapshot version, the old one untouched."""
     if add is None and not remove and not retrain:
         raise UserError("nothing to do: give --add, --remove or --retrain")
     store = open_cli_store(backend, root, uri, collection)
-    result = update_snapshot(store, load_encoder(bundle), add=add, remove=remove, retrain=retrain)
+    encoder = load_encoder(bundle)
+    bank = serving_hub_bank(hub_table, encoder.image_space)
+    result = update_snapshot(store, encoder, add=add, remove=remove, retrain=retrain, activate=bank is None)
+    publish_with_hub_table(store, result.manifest.version, bank)
     console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images")
 
 
@@ -282,14 +292,18 @@ def copy_cmd(
     params: Optional[str] = typer.Option(None, help="Index parameters as JSON."),
     bundle: Optional[Path] = typer.Option(None, help="The snapshot's bundle: recall is then measured on caption queries."),
     target_recall: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Tune the target's nprobe/ef to this recall@10."),
+    hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
 ):
     """Copy a snapshot's current version into another backend (e.g. FAISS -> Milvus) without re-encoding."""
     source = Snapshot.load(snapshot or Settings().snapshot_root, use_gpu=False)  # read, not searched
     store = open_cli_store(backend, out, uri, collection)
     spec = index_spec(index_type, params) if index_type else None
     encoder = load_encoder(bundle) if bundle else None
-    result = copy_snapshot(source, store, spec=spec, encoder=encoder, target_recall=target_recall)
+    bank = serving_hub_bank(hub_table, source.manifest.image_space)
+    result = copy_snapshot(source, store, spec=spec, encoder=encoder, target_recall=target_recall,
+                           activate=bank is None)
     m = result.manifest
+    publish_with_hub_table(store, m.version, bank)
     console.print(f"published {m.version}: {m.count} vectors from {source.version}, index {m.index.type}"
                   + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""), soft_wrap=True)
     console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)

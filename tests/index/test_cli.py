@@ -1,5 +1,5 @@
-"""``paraseek index build --hub-table`` and ``paraseek index hub-table``: a version's hub table written where
-servers read it, before the version is published."""
+"""``paraseek index build|update|copy --hub-table`` and ``paraseek index hub-table``: a version's hub table
+written where servers read it, before the version is published."""
 
 import json
 import threading
@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from paraseek.cli import app
 from paraseek.index import cli as index_cli
 from paraseek.paraphrase.hub_table import HubTable, hub_table_key, hub_table_path, version_identity
+from tests.conftest import fresh_prefix
 
 runner = CliRunner()
 HUB_DEFAULT = '{"method": "none", "hub_weight": 0.5}'
@@ -74,6 +75,83 @@ def test_a_default_hub_weight_writes_the_table_before_the_version_is_published(e
     assert table_path(env, manifest_of(env), starter_bank).is_file()
     again = runner.invoke(app, ["index", "hub-table", str(env / "snap"), "--version", manifest["version"]])
     assert again.exit_code == 0 and "already written" in again.output
+
+
+def test_update_and_copy_publish_their_versions_with_a_table(env, starter_bank, monkeypatch):
+    """Every command that publishes a version writes its table first: an update's version and a copy's."""
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
+    assert build(env).exit_code == 0
+    first = manifest_of(env)["version"]
+    published_when_written = []
+    real = index_cli.hub_table_for
+
+    def recording(home, snapshot, bank):
+        root = snapshot.path.parent.parent  # <root>/versions/<version>
+        published_when_written.append((root / "current").is_file() and (root / "current").read_text().strip())
+        return real(home, snapshot, bank)
+
+    monkeypatch.setattr(index_cli, "hub_table_for", recording)
+    r = runner.invoke(app, ["index", "update", str(env / "snap"), "--remove", "3", "--remove", "7"])
+    assert r.exit_code == 0, r.output
+    updated = manifest_of(env)
+    assert updated["parent"] == first and f"hub table of {updated['version']}: 118 images" in r.output
+    assert published_when_written == [first]  # the update's table was written while its parent still served
+    table = HubTable.load(table_path(env, updated, starter_bank), 118)
+    assert table is not None and 3 not in table.ids and 7 not in table.ids
+    vectors = np.load(env / "v.npy")
+    np.testing.assert_allclose(table.bias, starter_bank.hub_bias(vectors[table.ids]), rtol=1e-5)
+
+    r = runner.invoke(app, ["index", "copy", str(env / "snap"), "--backend", "faiss", "--out", str(env / "copy")])
+    assert r.exit_code == 0, r.output
+    copied = json.loads(runner.invoke(app, ["index", "info", str(env / "copy")]).output)
+    assert f"hub table of {copied['version']}: 118 images" in r.output and published_when_written[-1] is False
+    assert table_path(env, copied, starter_bank).is_file()
+
+    r = runner.invoke(app, ["index", "update", str(env / "snap"), "--remove", "4", "--no-hub-table"])
+    assert r.exit_code == 0 and "hub table" not in r.output
+    assert manifest_of(env)["count"] == 117 and not table_path(env, manifest_of(env), starter_bank).exists()
+
+
+def test_milvus_versions_are_published_with_their_table(env, starter_bank, monkeypatch, milvus_lite_uri):
+    """The same on a Milvus collection: a copy into it and an update of it each write the table first."""
+    from paraseek.index.milvus_store import MilvusStore
+
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
+    assert build(env, "--no-hub-table").exit_code == 0
+    prefix = fresh_prefix()
+    milvus = ["--backend", "milvus", "--uri", milvus_lite_uri, "--collection", prefix]
+    current_when_written = []
+    real = index_cli.hub_table_for
+
+    def recording(home, snapshot, bank):
+        current_when_written.append(MilvusStore(milvus_lite_uri, prefix=prefix).current_version())
+        return real(home, snapshot, bank)
+
+    monkeypatch.setattr(index_cli, "hub_table_for", recording)
+    r = runner.invoke(app, ["index", "copy", str(env / "snap"), *milvus])
+    assert r.exit_code == 0, r.output
+    copied = MilvusStore(milvus_lite_uri, prefix=prefix).manifest()
+    assert f"hub table of {copied.version}: 120 images" in r.output and current_when_written == [None]
+    r = runner.invoke(app, ["index", "update", *milvus, "--remove", "3"])
+    assert r.exit_code == 0, r.output
+    updated = MilvusStore(milvus_lite_uri, prefix=prefix).manifest()
+    assert updated.parent == copied.version and current_when_written == [None, copied.version]
+    table = HubTable.load(hub_table_path(env / "home" / "hub-tables", hub_table_key(version_identity(updated), starter_bank)), 119)
+    assert table is not None and 3 not in table.ids
+    np.testing.assert_allclose(table.bias, starter_bank.hub_bias(np.load(env / "v.npy")[table.ids]), rtol=1e-5)
+
+
+def test_a_refused_table_leaves_update_and_copy_unwritten(env, monkeypatch):
+    assert build(env).exit_code == 0
+    before = manifest_of(env)["version"]
+    monkeypatch.setenv("PARASEEK_CAPTION_BANK", str(env / "no-bank"))
+    r = runner.invoke(app, ["index", "update", str(env / "snap"), "--remove", "3", "--hub-table"])
+    assert r.exit_code == 2 and "--hub-table" in r.output and "manifest.json is missing" in r.output
+    assert manifest_of(env)["version"] == before
+    assert [p.name for p in (env / "snap" / "versions").iterdir()] == [before]  # nothing staged or left behind
+    r = runner.invoke(app, ["index", "copy", str(env / "snap"), "--backend", "faiss", "--out", str(env / "copy"),
+                            "--hub-table"])
+    assert r.exit_code == 2 and "manifest.json is missing" in r.output and not (env / "copy").exists()
 
 
 def test_no_default_hub_weight_writes_no_table_unless_asked(env, starter_bank):
