@@ -104,9 +104,12 @@ def serving_hub_bank(wanted: bool | None, image_space: str) -> CaptionBank | Non
 
 
 def write_hub_table(store: SnapshotStore, version: str, bank: CaptionBank) -> None:
+    folder = Settings().hub_tables_dir
     snapshot = store.load(version, use_gpu=False)  # read, not searched
     try:
-        table, seconds = hub_table_for(Settings().hub_tables_dir, snapshot, bank)
+        table, seconds = hub_table_for(folder, snapshot, bank, must_write=True)
+    except OSError as exc:
+        raise UserError(f"hub table of {version} not written to {folder} (PARASEEK_HUB_TABLES): {exc}") from exc
     finally:
         snapshot.close()
     done = "already written" if seconds is None else f"computed in {seconds:.1f} s"
@@ -123,8 +126,8 @@ def publish_with_hub_table(store: SnapshotStore, version: str, bank: CaptionBank
     try:
         write_hub_table(store, version, bank)
     except Exception as exc:
-        err.print(f"hub table not written ({type(exc).__name__}: {exc}): servers compute it when they load "
-                  f"{version}", highlight=False)
+        detail = str(exc) if isinstance(exc, UserError) else f"hub table not written ({type(exc).__name__}: {exc})"
+        err.print(f"{detail}; servers compute it when they load {version}", highlight=False, soft_wrap=True)
     store.activate(version)
 
 

@@ -138,12 +138,13 @@ class VersionContents(Protocol):
     def iter_contents(self) -> Iterable[tuple]: ...
 
 
-def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank) -> tuple[HubTable, float | None]:
+def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank, *,
+                  must_write: bool = False) -> tuple[HubTable, float | None]:
     """The index version's table against ``bank``: read back from ``folder`` (``Settings.hub_tables_dir``)
     where it was written (by a server's start, a reindex or ``paraseek index build``), else computed over the
     whole version and written there. Returns it with the seconds computing took (None when read back). A
     folder that refuses the file is logged and the table returned all the same (computed again at the next
-    start)."""
+    start); with ``must_write`` (a command whose job is the file) its OSError is raised instead."""
     path = hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank))
     table = HubTable.load(path, len(snapshot))
     if table is not None:
@@ -158,5 +159,7 @@ def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank) ->
         table.save(path)
         prune_hub_tables(path.parent)
     except OSError as exc:  # a read-only or full disk
+        if must_write:
+            raise
         log.warning("hub table not written to %s: %s", path, exc)
     return table, seconds

@@ -51,9 +51,9 @@ def test_a_default_hub_weight_writes_the_table_before_the_version_is_published(e
     current_when_written = []
     real = index_cli.hub_table_for
 
-    def recording(home, snapshot, bank):
+    def recording(home, snapshot, bank, **options):
         current_when_written.append((env / "snap" / "current").is_file())
-        return real(home, snapshot, bank)
+        return real(home, snapshot, bank, **options)
 
     monkeypatch.setattr(index_cli, "hub_table_for", recording)
     r = build(env)
@@ -85,10 +85,10 @@ def test_update_and_copy_publish_their_versions_with_a_table(env, starter_bank, 
     published_when_written = []
     real = index_cli.hub_table_for
 
-    def recording(home, snapshot, bank):
+    def recording(home, snapshot, bank, **options):
         root = snapshot.path.parent.parent  # <root>/versions/<version>
         published_when_written.append((root / "current").is_file() and (root / "current").read_text().strip())
-        return real(home, snapshot, bank)
+        return real(home, snapshot, bank, **options)
 
     monkeypatch.setattr(index_cli, "hub_table_for", recording)
     r = runner.invoke(app, ["index", "update", str(env / "snap"), "--remove", "3", "--remove", "7"])
@@ -123,9 +123,9 @@ def test_milvus_versions_are_published_with_their_table(env, starter_bank, monke
     current_when_written = []
     real = index_cli.hub_table_for
 
-    def recording(home, snapshot, bank):
+    def recording(home, snapshot, bank, **options):
         current_when_written.append(MilvusStore(milvus_lite_uri, prefix=prefix).current_version())
-        return real(home, snapshot, bank)
+        return real(home, snapshot, bank, **options)
 
     monkeypatch.setattr(index_cli, "hub_table_for", recording)
     r = runner.invoke(app, ["index", "copy", str(env / "snap"), *milvus])
@@ -176,6 +176,21 @@ def test_a_hub_table_without_its_bank_is_refused_before_the_build(env, monkeypat
     assert r.exit_code == 0 and "no hub table written" in r.output and (env / "snap" / "current").is_file()
     r = runner.invoke(app, ["index", "hub-table", str(env / "snap")])
     assert r.exit_code == 2 and "manifest.json is missing" in r.output
+
+
+def test_a_folder_that_refuses_the_table_is_said_and_the_version_still_published(env, monkeypatch):
+    """The CLI's job is the file: where PARASEEK_HUB_TABLES cannot hold it, the user is told (a server would
+    only log it), a build still publishes (servers then compute the table) and `index hub-table` fails."""
+    refusing = env / "refusing"
+    refusing.write_text("a file where the folder would be")
+    monkeypatch.setenv("PARASEEK_HUB_TABLES", str(refusing))
+    r = build(env, "--hub-table")
+    assert r.exit_code == 0, r.output
+    version = manifest_of(env)["version"]
+    assert f"hub table of {version} not written to {refusing}" in r.output and "servers compute it" in r.output
+    assert "computed in" not in r.output and (env / "snap" / "current").read_text().strip() == version
+    r = runner.invoke(app, ["index", "hub-table", str(env / "snap")])
+    assert r.exit_code == 2 and f"hub table of {version} not written to {refusing}" in r.output
 
 
 def test_a_bank_of_another_image_space_is_not_the_versions(env, monkeypatch):
