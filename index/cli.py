@@ -280,7 +280,8 @@ def update_cmd(
     bank = serving_hub_bank(hub_table, encoder.image_space)
     result = update_snapshot(store, encoder, add=add, remove=remove, retrain=retrain, activate=bank is None)
     publish_with_hub_table(store, result.manifest.version, bank)
-    console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images")
+    console.print(f"published {result.manifest.version} (parent {result.manifest.parent}): {result.manifest.count} images",
+                  soft_wrap=True, highlight=False)
 
 
 @app.command("copy")
@@ -367,6 +368,86 @@ def hub_table_cmd(
     bank = serving_hub_bank(True, manifest.image_space)
     assert bank is not None  # wanted: refused above otherwise
     write_hub_table(store, manifest.version, bank)
+
+
+@app.command("versions")
+@user_errors
+def versions_cmd(
+    root: Optional[Path] = typer.Argument(None, help="Snapshot root (faiss; default: PARASEEK_SNAPSHOT)."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line: the manifest and whether it is current."),
+):
+    """List the published versions, oldest first, the current one marked: what `index activate` can roll back to."""
+    store = open_cli_store(backend, root, uri, collection)
+    current = store.current_version()
+    manifests = [store.manifest(v) for v in store.versions()]
+    if not manifests:
+        raise UserError(f"{store.describe()}: no published version")
+    if as_json:
+        for m in manifests:
+            console.print_json(json.dumps({**m.model_dump(mode="json"), "current": m.version == current}), indent=None)
+        return
+    width = max(len(m.version) for m in manifests)
+    lines = [f"  {'version':<{width}}  {'created (UTC)':<19}  {'images':>10}  {'index':<8}  {'recall@10':>9}  parent"]
+    for m in manifests:
+        recall = "" if m.recall_at_10 is None else f"{m.recall_at_10:.3f}"
+        lines.append(f"{'*' if m.version == current else ' '} {m.version:<{width}}  {m.created_at[:19]:<19}  {m.count:>10}  "
+                     f"{m.index.type:<8}  {recall:>9}  {m.parent or ''}")
+    console.print("\n".join(lines), soft_wrap=True, highlight=False, markup=False)
+    console.print(f"in {store.describe()}; * current", soft_wrap=True, highlight=False)
+
+
+@app.command("activate")
+@user_errors
+def activate_cmd(
+    root: Optional[Path] = typer.Argument(None, help="Snapshot root (faiss; default: PARASEEK_SNAPSHOT)."),
+    version: Optional[str] = typer.Option(None, help="The version to serve (`paraseek index versions` lists them)."),
+    previous: bool = typer.Option(False, "--previous", help="Roll back: the current version's parent, else the one "
+                                  "published before it."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+    hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
+):
+    """Make a published version current (a rollback, or forward again). Servers follow within
+    PARASEEK_SNAPSHOT_POLL_S, or at `POST /v1/admin/reload`."""
+    if (version is None) == (not previous):
+        raise UserError("give --version V or --previous (one of the two)")
+    store = open_cli_store(backend, root, uri, collection)
+    if version is not None and version not in (published := store.versions()):
+        raise UserError(f"--version: no published version {version!r} in {store.describe()} (published: "
+                        f"{', '.join(published[-5:]) or 'none'}; `paraseek index versions` lists them)")
+    target = store.manifest(store.previous_version() if previous else version)
+    was = store.current_version()
+    if target.version == was:
+        console.print(f"{target.version} is already current", highlight=False)
+        return
+    bank = serving_hub_bank(hub_table, target.image_space)
+    if bank is None:
+        store.activate(target.version)
+    else:  # its table read back, or written again where it was pruned, before servers load the version
+        publish_with_hub_table(store, target.version, bank)
+    console.print(f"current: {target.version} ({target.count} images, index {target.index.type}); was {was}",
+                  highlight=False, soft_wrap=True)
+
+
+@app.command("prune")
+@user_errors
+def prune_cmd(
+    root: Optional[Path] = typer.Argument(None, help="Snapshot root (faiss; default: PARASEEK_SNAPSHOT)."),
+    keep: Optional[int] = typer.Option(None, min=2, help="Published versions to keep, the newest (default: "
+                                       "PARASEEK_SNAPSHOT_KEEP_VERSIONS, 5)."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
+    uri: Optional[str] = typer.Option(None, help=URI_HELP),
+    collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+):
+    """Delete the oldest published versions past --keep; never the current one or the one a rollback returns to."""
+    store = open_cli_store(backend, root, uri, collection)
+    removed = store.prune(keep if keep is not None else Settings().snapshot_keep_versions)
+    console.print(f"removed {len(removed)} version(s)" + (f": {', '.join(removed)}" if removed else "")
+                  + f"; {len(store.versions())} kept in {store.describe()}", highlight=False, soft_wrap=True)
 
 
 @app.command("search")

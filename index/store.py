@@ -28,6 +28,7 @@ import numpy as np
 
 from paraseek.core.errors import Unavailable
 from paraseek.index.image_sources import resolve_within
+from paraseek.index.versions import SnapshotError, rollback_version
 
 if TYPE_CHECKING:
     from paraseek.index.faiss_index import IndexSpec
@@ -237,6 +238,17 @@ class SnapshotStore(ABC):
     @abstractmethod
     def abort_version(self, version: str) -> None:
         """Remove what a failed build of ``version`` wrote (never a published version)."""
+
+    def previous_version(self) -> str:
+        """The version a rollback returns to (``rollback_version``); SnapshotError where there is none (its
+        message names no path: the service returns it)."""
+        versions, current = self.versions(), self.current_version()
+        if current is None or current not in versions:
+            raise SnapshotError("no current version to roll back from")
+        found = rollback_version(versions, current, self.manifest(current).parent)
+        if found is None:
+            raise SnapshotError(f"{current} is the oldest published version: nothing to roll back to")
+        return found
 
     def close(self) -> None:
         """Release connections (the FAISS store holds none)."""

@@ -118,6 +118,15 @@ def build_is_stale(owner: object, started: float | None = None, max_age_s: float
         return True
 
 
+def rollback_version(versions: list[str], current: str, parent_of_current: str | None) -> str | None:
+    """The version a rollback from ``current`` returns to (``versions`` published, oldest first): its parent
+    where that is still published, else the version published before it; None for the oldest."""
+    if parent_of_current in versions:
+        return parent_of_current
+    at = versions.index(current) if current in versions else 0
+    return versions[at - 1] if at > 0 else None
+
+
 def versions_to_prune(versions: list[str], current: str | None, parent_of_current: str | None, keep: int) -> list[str]:
     """The oldest published versions beyond the newest ``keep`` (``versions`` sorted oldest first); never
     the current version or the one before it (its parent, or the previous version), which a rollback needs."""

@@ -1,5 +1,6 @@
 """``paraseek index build|update|copy --hub-table`` and ``paraseek index hub-table``: a version's hub table
-written where servers read it, before the version is published."""
+written where servers read it, before the version is published. ``paraseek index versions|activate|prune``:
+listing the published versions, rolling back to one while servers follow, removing old ones."""
 
 import json
 import threading
@@ -236,3 +237,91 @@ def test_a_server_reads_the_table_the_build_wrote(env, monkeypatch):
         assert len(c.post("/v1/search", json={"query": "a dog on a couch", "k": 3}).json()["results"]) == 3
         assert build(env).exit_code == 0  # a new version published while it serves: read at its swap
         assert served_table(c, manifest_of(env)["version"]) == "ready"
+
+
+def versions_of(env, *store):
+    r = runner.invoke(app, ["index", "versions", *(store or [str(env / "snap")]), "--json"])
+    assert r.exit_code == 0, r.output
+    return [json.loads(line) for line in r.output.splitlines()]
+
+
+def current_of(env, *store):
+    return [v["version"] for v in versions_of(env, *store) if v["current"]]
+
+
+def test_versions_list_what_activate_rolls_back_to_and_prune_removes(env):
+    for _ in range(3):
+        assert build(env).exit_code == 0
+    v1, v2, v3 = (v["version"] for v in versions_of(env))
+    assert current_of(env) == [v3]
+    listed = runner.invoke(app, ["index", "versions", str(env / "snap")])
+    assert listed.exit_code == 0 and all(v in listed.output for v in (v1, v2, v3)) and "* current" in listed.output
+
+    r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous"])  # builds have no parent
+    assert r.exit_code == 0 and f"current: {v2} (120 images" in r.output and f"was {v3}" in r.output
+    assert current_of(env) == [v2] and (env / "snap" / "current").read_text().strip() == v2
+    assert runner.invoke(app, ["index", "activate", str(env / "snap"), "--version", v3]).exit_code == 0  # forward again
+    assert current_of(env) == [v3]
+    again = runner.invoke(app, ["index", "activate", str(env / "snap"), "--version", v3])
+    assert again.exit_code == 0 and "already current" in again.output
+
+    for wrong, says in ((["--version", "v0009-20261122T080000Z"], "no published version"), ([], "one of the two"),
+                        (["--version", v1, "--previous"], "one of the two")):
+        r = runner.invoke(app, ["index", "activate", str(env / "snap"), *wrong])
+        assert r.exit_code == 2 and says in r.output, r.output
+    assert current_of(env) == [v3]
+
+    r = runner.invoke(app, ["index", "update", str(env / "snap"), "--remove", "5"])
+    assert r.exit_code == 0, r.output
+    v4 = current_of(env)[0]
+    r = runner.invoke(app, ["index", "prune", str(env / "snap"), "--keep", "2"])
+    assert r.exit_code == 0 and f"removed 2 version(s): {v1}, {v2}; 2 kept" in r.output, r.output
+    assert [v["version"] for v in versions_of(env)] == [v3, v4]
+    r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous"])  # an update's parent
+    assert r.exit_code == 0 and current_of(env) == [v3]
+    r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous"])
+    assert r.exit_code == 2 and "oldest published version" in r.output and current_of(env) == [v3]
+    r = runner.invoke(app, ["index", "prune", str(env / "snap"), "--keep", "2"])
+    assert r.exit_code == 0 and "removed 0 version(s); 2 kept" in r.output
+
+
+def test_a_rollback_is_served_with_its_table(env, starter_bank, monkeypatch):
+    """A server following ``current`` serves the version rolled back to, its hub table read back, not computed."""
+    from fastapi.testclient import TestClient
+
+    from paraseek.core.settings import Settings
+    from paraseek.service.main import create_app
+
+    monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
+    monkeypatch.setenv("PARASEEK_HUB_TABLES", str(env / "shared" / "hub-tables"))  # the replicas' shared volume
+    assert build(env).exit_code == 0 and build(env).exit_code == 0
+    first, second = (v["version"] for v in versions_of(env))
+
+    def computed_again(cls, bank, contents):
+        raise AssertionError("a table the builds wrote was computed again")
+
+    monkeypatch.setattr(HubTable, "compute", classmethod(computed_again))
+    settings = Settings(home=env / "replica", snapshot=env / "snap", precision="fp32", log_json=False, snapshot_poll_s=0.2)
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/v1/info").json()["snapshot"]["version"] == second
+        r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous"])
+        assert r.exit_code == 0 and f"hub table of {first}: 120 images against" in r.output and "already written" in r.output
+        deadline = time.time() + 30
+        while (info := c.get("/v1/info").json()["snapshot"])["version"] != first or info["hub_table"] != "ready":
+            assert time.time() < deadline, f"{first} not served with its table within 30 s: {info}"
+            time.sleep(0.1)
+
+
+def test_versions_and_rollback_on_a_milvus_collection(env, milvus_lite_uri):
+    milvus = ["--backend", "milvus", "--uri", milvus_lite_uri, "--collection", fresh_prefix()]
+    assert build(env).exit_code == 0
+    for _ in range(2):
+        assert runner.invoke(app, ["index", "copy", str(env / "snap"), *milvus]).exit_code == 0
+    r = runner.invoke(app, ["index", "versions", *milvus])
+    assert r.exit_code == 0 and "milvus" in r.output
+    first, second = (v["version"] for v in versions_of(env, *milvus))
+    assert current_of(env, *milvus) == [second]
+    r = runner.invoke(app, ["index", "activate", *milvus, "--previous"])
+    assert r.exit_code == 0 and current_of(env, *milvus) == [first]
+    r = runner.invoke(app, ["index", "prune", *milvus, "--keep", "2"])
+    assert r.exit_code == 0 and "removed 0 version(s)" in r.output
