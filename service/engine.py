@@ -29,6 +29,7 @@ from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
+from paraseek.index.versions import SnapshotError, SnapshotManifest
 from paraseek.paraphrase.caption_bank import CaptionBankError
 from paraseek.paraphrase.expansions import EXPANSIONS, HubCorrection
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, RecentPeak, encode_texts, search_rows
@@ -60,6 +61,7 @@ from paraseek.service.runtime import (
     load_active,
     load_snapshot,
     text_sub_batch,
+    validate_snapshot,
 )
 from paraseek.service.schemas import EmbeddingsRequest, Expansion, SearchRequest, SearchResponse
 
@@ -273,6 +275,46 @@ class SearchEngine:
         if replaces is not None and replaces is not active:
             # the replaced encoder/index back to the OS, not just to the heap; the new one out of the collector's reach
             freeze_long_lived()
+
+    def serve_version(self, version: str | None) -> tuple[SnapshotManifest, str]:
+        """Serve a published version of the index and make it current: an admin rollback (``None``: the version
+        ``SnapshotStore.previous_version`` names) or forward again. Loaded, validated and given its hub table
+        before the swap, as a reindex's version is. -> (its manifest, the version served before). RequestError
+        on ``version``: 404 no such version, 409 one that does not load or answer (the served one stays);
+        StaleSwap: the service changed meanwhile (nothing replaced)."""
+        active = self.require_active()
+        store = self.store
+        assert store is not None  # set by the load that made ``active``
+        try:
+            target = store.previous_version() if version is None else version
+        except SnapshotError as exc:
+            raise RequestError("version", str(exc), status=404) from exc
+        if target not in store.versions():
+            raise RequestError("version", f"no published version {target!r}", status=404)
+        was = active.snapshot.version
+        if target == was:
+            if store.current_version() != target:  # served, but another writer moved ``current`` since
+                store.activate(target)
+            return active.snapshot.manifest, was
+        try:
+            new = replace(active, snapshot=load_snapshot(store, active.encoder.image_space, self.settings, target))
+        except Exception as exc:  # altered files, another image space, a backend that went away: the log has the detail
+            log.warning("version %s not served: %s: %s", target, type(exc).__name__, exc)
+            raise RequestError("version", f"version {target} cannot be served: {type(exc).__name__} (see the server "
+                               "log)", status=409) from exc
+        try:
+            validate_snapshot(new)
+            if self.hub_corrects_by_default:
+                try:  # before the swap, so the version serves hub-corrected lists from its first request
+                    self.expansion_sources.prepare_hub_table(new)
+                except Exception:  # the swap's own build (or per-image hubness) serves
+                    log.exception("version %s: no hub table before the swap", target)
+            self.swap(new, replaces=active, publish=lambda: store.activate(target))
+        except BaseException:
+            new.snapshot.close()  # the version that was not swapped in; the served one stays
+            raise
+        log.info("now serving snapshot %s (activated; was %s)", target, was)
+        return new.snapshot.manifest, was
 
     @property
     def hub_corrects_by_default(self) -> bool:

@@ -335,6 +335,25 @@ class ReloadRequest(StrictModel):
     precision: Literal["auto", "fp32", "fp16", "int8"] = "auto"
 
 
+class ActivateRequest(StrictModel):
+    version: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                description="a published version to serve and make current")
+    previous: bool = Field(False, description="roll back: the current version's parent, else the one published before it")
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        if (self.version is None) == (not self.previous):
+            raise ValueError("give version or previous: true (one of the two)")
+        return self
+
+
+class ActivateResponse(BaseModel):
+    version: str = Field(description="the version now served and current")
+    was: str = Field(description="the version served before")
+    count: int
+    created_at: str
+
+
 class Job(BaseModel):
     id: str
     kind: str

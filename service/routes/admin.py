@@ -13,7 +13,7 @@ from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError, StaleSwap
 from paraseek.service.jobs import JobManager
 from paraseek.service.runtime import Active, first_answer_for, load_encoder
-from paraseek.service.schemas import Job, ReindexRequest, ReloadRequest, error_responses
+from paraseek.service.schemas import ActivateRequest, ActivateResponse, Job, ReindexRequest, ReloadRequest, error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -92,3 +92,14 @@ async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine),
     except StaleSwap as exc:
         raise RequestError("bundle", str(exc), status=409) from exc
     return {"bundle": encoder.name, "version": encoder.version, "precision": encoder.precision}
+
+
+@router.post("/activate", response_model=ActivateResponse, responses=error_responses(400, 401, 403, 404, 409, 413, 422, 503))
+async def activate(req: ActivateRequest, engine: SearchEngine = Depends(get_engine)):
+    """Serve a published version of the index and make it current: a rollback (``"previous": true``) or any
+    version by name (``paraseek index versions`` lists them). Replicas that poll follow the new current."""
+    try:
+        manifest, was = await asyncio.to_thread(engine.serve_version, None if req.previous else req.version)
+    except StaleSwap as exc:
+        raise RequestError("version", str(exc), status=409) from exc
+    return ActivateResponse(version=manifest.version, was=was, count=manifest.count, created_at=manifest.created_at)

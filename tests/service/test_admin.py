@@ -1,4 +1,5 @@
-"""Admin routes: token guard, reindex jobs (success swaps, failure keeps the old snapshot), reload."""
+"""Admin routes: token guard, reindex jobs (success swaps, failure keeps the old snapshot), reload, activate
+(rollback)."""
 
 import time
 
@@ -33,6 +34,7 @@ def test_admin_requires_the_token(client, headers, status):
     assert client.post("/v1/admin/reindex", json={"source": "x"}, headers=headers).status_code == status
     assert client.get("/v1/admin/jobs/abc", headers=headers).status_code == status
     assert client.post("/v1/admin/reload", json={"bundle": "x"}, headers=headers).status_code == status
+    assert client.post("/v1/admin/activate", json={"previous": True}, headers=headers).status_code == status
 
 
 def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data):
@@ -302,3 +304,39 @@ def test_a_swap_that_lost_the_race_changes_nothing(client):
     with pytest.raises(StaleSwap):
         engine.swap(Active(served.encoder, served.snapshot), replaces=served, publish=lambda: published.append(1))
     assert engine.active is stale and published == []
+
+
+def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_settings, snapshot_copy, starter_encoder):
+    import numpy as np
+
+    from paraseek.index.builder import update_snapshot
+
+    first = (snapshot_copy / "current").read_text().strip()
+    some_id = int(np.load(snapshot_copy / "versions" / first / "ids.npy")[0])
+    second = update_snapshot(snapshot_copy, starter_encoder, remove=[some_id], progress=False).manifest.version
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
+        assert c.get("/v1/info").json()["snapshot"]["version"] == second
+        r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)  # the update's parent
+        assert r.status_code == 200 and r.json()["version"] == first and r.json()["was"] == second
+        assert r.json()["count"] == c.get("/v1/info").json()["snapshot"]["count"] == len(np.load(snapshot_copy / "versions" / first / "ids.npy"))
+        assert c.get("/v1/info").json()["snapshot"]["version"] == first == (snapshot_copy / "current").read_text().strip()
+        assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == first
+        r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)
+        assert r.status_code == 404 and "oldest published version" in r.text and r.json()["detail"][0]["loc"] == ["body", "version"]
+
+        r = c.post("/v1/admin/activate", json={"version": second}, headers=AUTH)  # forward again
+        assert r.status_code == 200 and r.json()["was"] == first
+        assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == second
+        again = c.post("/v1/admin/activate", json={"version": second}, headers=AUTH)
+        assert again.status_code == 200 and again.json()["was"] == second
+
+        for body, status in (({"version": "v0009-20261122T080000Z"}, 404), ({}, 422), ({"version": "../../etc"}, 422),
+                             ({"version": second, "previous": True}, 422), ({"version": 3}, 422)):
+            r = c.post("/v1/admin/activate", json=body, headers=AUTH)
+            assert r.status_code == status, (body, r.text)
+        with open(snapshot_copy / "versions" / first / "index.faiss", "ab") as f:  # an altered version
+            f.write(b"tampered")
+        r = c.post("/v1/admin/activate", json={"version": first}, headers=AUTH)
+        assert r.status_code == 409 and "cannot be served" in r.text and str(snapshot_copy) not in r.text
+        assert c.get("/v1/info").json()["snapshot"]["version"] == second == (snapshot_copy / "current").read_text().strip()
+        assert c.post("/v1/search", json={"query": "a dog"}).status_code == 200
