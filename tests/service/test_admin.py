@@ -340,3 +340,21 @@ def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_sett
         assert r.status_code == 409 and "cannot be served" in r.text and str(snapshot_copy) not in r.text
         assert c.get("/v1/info").json()["snapshot"]["version"] == second == (snapshot_copy / "current").read_text().strip()
         assert c.post("/v1/search", json={"query": "a dog"}).status_code == 200
+
+
+@pytest.mark.parametrize("backend", ["milvus"])
+def test_activate_moves_a_milvus_alias(make_settings, starter_encoder, backend):
+    from paraseek.index.backends import store_from_settings
+    from paraseek.index.builder import update_snapshot
+
+    settings = make_settings()  # the demo's version copied into a collection prefix of this test's own
+    store = store_from_settings(settings)
+    first = store.current_version()
+    some_id = int(store.load(use_gpu=False).contents()[0][0])
+    second = update_snapshot(store, starter_encoder, remove=[some_id], progress=False).manifest.version
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/v1/info").json()["snapshot"]["version"] == second
+        r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["version"] == first, r.text
+        assert store.current_version() == first and c.get("/v1/info").json()["snapshot"]["backend"] == "milvus"
+        assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == first
