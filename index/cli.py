@@ -411,8 +411,8 @@ def activate_cmd(
     collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
     hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
 ):
-    """Make a published version current (a rollback, or forward again). Servers follow within
-    PARASEEK_SNAPSHOT_POLL_S, or at `POST /v1/admin/reload`."""
+    """Make a published version current (a rollback, or forward again). Servers with PARASEEK_SNAPSHOT_POLL_S
+    follow within the interval; `POST /v1/admin/activate` does the same from a server."""
     if (version is None) == (not previous):
         raise UserError("give --version V or --previous (one of the two)")
     store = open_cli_store(backend, root, uri, collection)
