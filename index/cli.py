@@ -21,7 +21,7 @@ from paraseek.index.backends import store_from_settings
 from paraseek.index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import SearchFilter
-from paraseek.index.snapshot import Snapshot, read_snapshot_manifest, resolve
+from paraseek.index.snapshot import Snapshot, check_image_space, read_snapshot_manifest, resolve
 from paraseek.index.store import SearchHit, SnapshotStore
 from paraseek.paraphrase.caption_bank import CaptionBank, configured_bank_dir
 from paraseek.paraphrase.hub_table import hub_table_for
@@ -409,6 +409,8 @@ def activate_cmd(
     backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
     uri: Optional[str] = typer.Option(None, help=URI_HELP),
     collection: Optional[str] = typer.Option(None, help=COLLECTION_HELP),
+    bundle: Optional[Path] = typer.Option(None, help="The bundle servers embed queries with (default: PARASEEK_BUNDLE): "
+                                          "a version of another image space is refused."),
     hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
 ):
     """Make a published version current (a rollback, or forward again). Servers with PARASEEK_SNAPSHOT_POLL_S
@@ -420,6 +422,12 @@ def activate_cmd(
         raise UserError(f"--version: no published version {version!r} in {store.describe()} (published: "
                         f"{', '.join(published[-5:]) or 'none'}; `paraseek index versions` lists them)")
     target = store.manifest(store.previous_version() if previous else version)
+    try:  # servers embed queries with PARASEEK_BUNDLE: a version of another image space is one they refuse to load
+        serving = read_manifest(bundle or Settings().bundle_dir, verify=False)
+    except UserError:
+        serving = None  # no bundle here to check against (a job without the model): servers check at load
+    if serving is not None:
+        check_image_space(target, serving.image_space)
     was = store.current_version()
     if target.version == was:
         console.print(f"{target.version} is already current", highlight=False)

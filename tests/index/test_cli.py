@@ -284,6 +284,12 @@ def test_versions_list_what_activate_rolls_back_to_and_prune_removes(env):
     r = runner.invoke(app, ["index", "prune", str(env / "snap"), "--keep", "2"])
     assert r.exit_code == 0 and "removed 0 version(s); 2 kept" in r.output
 
+    assert build(env, "--image-space", "another/space").exit_code == 0  # current now: servers of the bundle refuse it
+    other = current_of(env)[0]
+    assert runner.invoke(app, ["index", "activate", str(env / "snap"), "--version", v4]).exit_code == 0
+    r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--version", other])
+    assert r.exit_code == 2 and "image space 'another/space'" in r.output and current_of(env) == [v4]
+
 
 def test_a_rollback_is_served_with_its_table(env, starter_bank, monkeypatch):
     """A server following ``current`` serves the version rolled back to, its hub table read back, not computed."""
