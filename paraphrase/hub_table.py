@@ -138,6 +138,12 @@ class VersionContents(Protocol):
     def iter_contents(self) -> Iterable[tuple]: ...
 
 
+def written_hub_table(folder: Path, snapshot: VersionContents, bank: CaptionBank) -> HubTable | None:
+    """The index version's table against ``bank`` where it was written under ``folder``; None, computing nothing,
+    where it was not (a rollback swaps at once and leaves the table to the thread after its swap)."""
+    return HubTable.load(hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank)), len(snapshot))
+
+
 def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank, *,
                   must_write: bool = False) -> tuple[HubTable, float | None]:
     """The index version's table against ``bank``: read back from ``folder`` (``Settings.hub_tables_dir``)

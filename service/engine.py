@@ -278,8 +278,9 @@ class SearchEngine:
 
     def serve_version(self, version: str | None) -> tuple[SnapshotManifest, str]:
         """Serve a published version of the index and make it current: an admin rollback (``None``: the version
-        ``SnapshotStore.previous_version`` names) or forward again. Loaded, validated and given its hub table
-        before the swap, as a reindex's version is. -> (its manifest, the version served before). RequestError
+        ``SnapshotStore.previous_version`` names) or forward again. Loaded and validated before the swap, as a
+        reindex's version is; its hub table is read back where it was written, else built on a thread after
+        the swap (a rollback does not wait minutes for it). -> (its manifest, the version served before). RequestError
         on ``version``: 404 no such version, 409 one that does not load or answer (the served one stays);
         StaleSwap: the service changed meanwhile (nothing replaced)."""
         active = self.require_active()
@@ -305,10 +306,10 @@ class SearchEngine:
         try:
             validate_snapshot(new)
             if self.hub_corrects_by_default:
-                try:  # before the swap, so the version serves hub-corrected lists from its first request
-                    self.expansion_sources.prepare_hub_table(new)
+                try:  # a table written earlier serves from the first request; a missing one is built after the swap
+                    self.expansion_sources.prepare_hub_table(new, compute=False)
                 except Exception:  # the swap's own build (or per-image hubness) serves
-                    log.exception("version %s: no hub table before the swap", target)
+                    log.exception("version %s: hub table not read before the swap", target)
             self.swap(new, replaces=active, publish=lambda: store.activate(target))
         except BaseException:
             new.snapshot.close()  # the version that was not swapped in; the served one stays

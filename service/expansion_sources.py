@@ -16,7 +16,7 @@ from paraseek.index.store import SearchView
 from paraseek.paraphrase import ParaphraseSource, ParaphraseSourceUnavailable
 from paraseek.paraphrase.caption_bank import CaptionBank, CaptionBankError, configured_bank_dir
 from paraseek.paraphrase.factory import make_source
-from paraseek.paraphrase.hub_table import HubTable, hub_table_for
+from paraseek.paraphrase.hub_table import HubTable, hub_table_for, written_hub_table
 from paraseek.paraphrase.llm import LLMError
 from paraseek.service.batcher import ContinuousBatcher, search_rows
 from paraseek.service.errors import RequestError
@@ -155,16 +155,23 @@ class ExpansionSources:
                 return "failed"
             return "building" if key in self._hub_table_builds else None
 
-    def prepare_hub_table(self, active: Active) -> float | None:
+    def prepare_hub_table(self, active: Active, *, compute: bool = True) -> float | None:
         """The hub table of a version about to serve (a reindex's, before its swap), computed here and written
         under PARASEEK_HUB_TABLES, then installed when ``start_hub_table`` is asked for it, so the version serves
         with it from its first request. Only for the tower whose bank is loaded (the served one): a reindex
-        with another bundle leaves its table to the thread after the swap. Returns the seconds computing
-        took (None: read back, or not this tower's)."""
+        with another bundle leaves its table to the thread after the swap. ``compute`` False: only a table
+        already written is prepared (a rollback should not wait for one). Returns the seconds computing
+        took (None: read back, not computed, or not this tower's)."""
         bank = self.loaded_bank(active)
         if bank is None:
             return None
-        table, seconds = hub_table_for(self.settings.hub_tables_dir, active.snapshot, bank)
+        if compute:
+            table, seconds = hub_table_for(self.settings.hub_tables_dir, active.snapshot, bank)
+        else:
+            written = written_hub_table(self.settings.hub_tables_dir, active.snapshot, bank)
+            if written is None:
+                return None
+            table, seconds = written, None
         with self._lock:
             self._prepared_hub_tables = {(active.model_id, active.snapshot.version): table}  # one version at a time
         return seconds

@@ -10,7 +10,15 @@ import pytest
 
 from paraseek.paraphrase import hub_table
 from paraseek.paraphrase.caption_bank import CaptionBank
-from paraseek.paraphrase.hub_table import HubTable, hub_table_for, hub_table_key, hub_table_path, prune_hub_tables, version_identity
+from paraseek.paraphrase.hub_table import (
+    HubTable,
+    hub_table_for,
+    hub_table_key,
+    hub_table_path,
+    prune_hub_tables,
+    version_identity,
+    written_hub_table,
+)
 
 
 def unit_rows(rng, n, dim):
@@ -100,8 +108,10 @@ def test_hub_table_for_computes_a_version_once_and_reads_it_back(tmp_path, caplo
     rng = np.random.default_rng(3)
     bank = small_bank(rng)
     version = Version(np.arange(20, 45), unit_rows(rng, 25, 16))
+    assert written_hub_table(tmp_path, version, bank) is None and version.reads == 0  # nothing written, nothing computed
     table, seconds = hub_table_for(tmp_path, version, bank)
     assert seconds is not None and version.reads == 1
+    np.testing.assert_array_equal(written_hub_table(tmp_path, version, bank).bias, table.bias)
     np.testing.assert_allclose(table.lookup(version.ids)[0], bank.hub_bias(version.vectors), rtol=1e-5)
     written = hub_table_path(tmp_path, hub_table_key(version_identity(version.manifest), bank))
     assert written.is_file()

@@ -358,3 +358,45 @@ def test_activate_moves_a_milvus_alias(make_settings, starter_encoder, backend):
         assert r.status_code == 200 and r.json()["version"] == first, r.text
         assert store.current_version() == first and c.get("/v1/info").json()["snapshot"]["backend"] == "milvus"
         assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == first
+
+
+def test_a_rollback_does_not_wait_for_a_hub_table(make_settings, snapshot_copy, starter_encoder, starter_bank, monkeypatch):
+    """With a default hub_weight, a version whose table was never written is swapped in at once and its table
+    built on the service's hub-table thread afterwards; a table already written is read back before the swap."""
+    import threading
+
+    import numpy as np
+
+    from paraseek.index.builder import update_snapshot
+    from paraseek.paraphrase.hub_table import HubTable
+
+    first = (snapshot_copy / "current").read_text().strip()
+    some_id = int(np.load(snapshot_copy / "versions" / first / "ids.npy")[0])
+    second = update_snapshot(snapshot_copy, starter_encoder, remove=[some_id], progress=False).manifest.version
+    computed_on = []
+    real = HubTable.compute.__func__
+
+    def recording(cls, bank, contents):
+        computed_on.append(threading.current_thread().name)
+        return real(cls, bank, contents)
+
+    monkeypatch.setattr(HubTable, "compute", classmethod(recording))
+    settings = make_settings(snapshot=snapshot_copy, caption_bank=starter_bank.path,
+                             default_expansion='{"method": "none", "hub_weight": 0.5}')
+
+    def served_with_table(c, version):
+        deadline = time.time() + 60
+        while (info := c.get("/v1/info").json()["snapshot"])["version"] != version or info["hub_table"] != "ready":
+            assert time.time() < deadline, info
+            time.sleep(0.1)
+
+    with TestClient(create_app(settings)) as c:
+        served_with_table(c, second)
+        assert computed_on == ["hub-table"]  # the served version's, at start
+        r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["version"] == first
+        served_with_table(c, first)
+        assert computed_on == ["hub-table", "hub-table"]  # after the swap, on the service's thread, not the request's
+        assert c.post("/v1/admin/activate", json={"version": second}, headers=AUTH).status_code == 200
+        assert c.get("/v1/info").json()["snapshot"]["hub_table"] == "ready"  # read back before the swap
+        assert computed_on == ["hub-table", "hub-table"]
