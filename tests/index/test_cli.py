@@ -310,12 +310,30 @@ def test_a_rollback_is_served_with_its_table(env, starter_bank, monkeypatch):
     settings = Settings(home=env / "replica", snapshot=env / "snap", precision="fp32", log_json=False, snapshot_poll_s=0.2)
     with TestClient(create_app(settings)) as c:
         assert c.get("/v1/info").json()["snapshot"]["version"] == second
-        r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous"])
-        assert r.exit_code == 0 and f"hub table of {first}: 120 images against" in r.output and "already written" in r.output
+        r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous"])  # no table work: never waits
+        assert r.exit_code == 0 and "hub table" not in r.output
         deadline = time.time() + 30
         while (info := c.get("/v1/info").json()["snapshot"])["version"] != first or info["hub_table"] != "ready":
             assert time.time() < deadline, f"{first} not served with its table within 30 s: {info}"
             time.sleep(0.1)
+
+
+def test_activate_with_hub_table_writes_a_missing_table_first(env, starter_bank, monkeypatch):
+    assert build(env).exit_code == 0 and build(env).exit_code == 0
+    first, _ = (v["version"] for v in versions_of(env))
+    assert not table_path(env, manifest_of(env, first), starter_bank).exists()  # no hub_weight: built without
+    current_when_written = []
+    real = index_cli.hub_table_for
+
+    def recording(home, snapshot, bank, **options):
+        current_when_written.append((env / "snap" / "current").read_text().strip())
+        return real(home, snapshot, bank, **options)
+
+    monkeypatch.setattr(index_cli, "hub_table_for", recording)
+    r = runner.invoke(app, ["index", "activate", str(env / "snap"), "--previous", "--hub-table"])
+    assert r.exit_code == 0 and f"hub table of {first}: 120 images" in r.output and "computed in" in r.output
+    assert current_when_written != [first] and current_of(env) == [first]  # written while the other version served
+    assert table_path(env, manifest_of(env, first), starter_bank).is_file()
 
 
 def test_versions_and_rollback_on_a_milvus_collection(env, milvus_lite_uri):
