@@ -38,7 +38,15 @@ from paraseek.index.filters import FilterError, SearchFilter, caption_text, lice
 from paraseek.index.recall import measure_recall_with
 from paraseek.index.snapshot import check_image_space
 from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
-from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, SnapshotManifest, build_is_stale, build_owner, versions_to_prune
+from paraseek.index.versions import (
+    STALE_BUILD_AFTER_S,
+    VERSION_TEXT,
+    SnapshotError,
+    SnapshotManifest,
+    build_is_stale,
+    build_owner,
+    versions_to_prune,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +60,6 @@ TRANSIENT = ("too many pings", "goaway", "unavailable", "fail connecting", "conn
 # a Milvus server answers reads at "Bounded" staleness unless asked: a version written a moment ago
 # would be missing from its manifests and counts (Milvus Lite is strongly consistent anyway)
 STRONG = {"consistency_level": "Strong"}
-VERSION_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # what may stand in a filter expression
 
 
 def _pymilvus():

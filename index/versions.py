@@ -4,6 +4,7 @@ and the errors of building and loading one. The builder, the stores and the serv
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -18,6 +19,10 @@ from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import user_field_names
 
 FORMAT_VERSION = 1
+
+
+# what a version name may hold: safe in a Milvus filter expression and in an HTTP request's body
+VERSION_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class SnapshotError(UserError):

@@ -151,10 +151,10 @@ def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank, *,
     whole version and written there. Returns it with the seconds computing took (None when read back). A
     folder that refuses the file is logged and the table returned all the same (computed again at the next
     start); with ``must_write`` (a command whose job is the file) its OSError is raised instead."""
-    path = hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank))
-    table = HubTable.load(path, len(snapshot))
+    table = written_hub_table(folder, snapshot, bank)
     if table is not None:
         return table, None
+    path = hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank))
     began = time.perf_counter()
     table = HubTable.compute(bank, snapshot.iter_contents())
     if len(table) != len(snapshot):

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Stric
 
 from paraseek.index.faiss_index import IndexType
 from paraseek.index.filters import SearchFilter
+from paraseek.index.versions import VERSION_TEXT
 from paraseek.paraphrase.expansions import EXPANSIONS, ExpansionParams, expansion_method
 from paraseek.paraphrase.factory import SOURCES
 
@@ -336,7 +337,7 @@ class ReloadRequest(StrictModel):
 
 
 class ActivateRequest(StrictModel):
-    version: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    version: str | None = Field(None, pattern=VERSION_TEXT.pattern,
                                 description="a published version to serve and make current")
     previous: bool = Field(False, description="roll back: the current version's parent, else the one published before it")
 
