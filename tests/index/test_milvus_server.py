@@ -194,3 +194,52 @@ def test_two_replicas_follow_one_engine_through_a_reindex_and_a_server_restart(m
         for proc, _ in servers:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
+
+
+def test_rollback_on_a_real_server_from_the_cli_and_the_admin_route(milvus_standalone, starter_bundle, starter_encoder,
+                                                                    demo_snapshot, tmp_path):
+    """`index versions`, `index activate` and `POST /v1/admin/activate` move the real server's alias, and a
+    version the alias left stays loadable: the service serves it again at once (reads at bounded staleness
+    would otherwise see the alias where it was)."""
+    import json
+
+    from paraseek.core.settings import Settings
+    from paraseek.index.builder import update_snapshot
+    from paraseek.service.main import create_app
+
+    store = MilvusStore(milvus_standalone.uri, prefix="rollback")
+    copy_snapshot(Snapshot.load(demo_snapshot), store)
+    first = store.current_version()
+    some_id = int(store.load(image_space=Snapshot.load(demo_snapshot).manifest.image_space).contents()[0][0])
+    second = update_snapshot(store, starter_encoder, remove=[some_id], progress=False).manifest.version
+    milvus = ["--backend", "milvus", "--uri", milvus_standalone.uri, "--collection", "rollback"]
+
+    listed = CliRunner().invoke(app, ["index", "versions", *milvus, "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = [json.loads(line) for line in listed.output.splitlines()]
+    assert [(r["version"], r["current"], r["count"]) for r in rows] == [(first, False, 76), (second, True, 75)]
+    assert rows[1]["parent"] == first
+
+    settings = Settings(bundle=starter_bundle, snapshot=demo_snapshot, home=tmp_path, log_json=False, index_backend="milvus",
+                        milvus_uri=milvus_standalone.uri, milvus_collection="rollback", admin_token="t")
+    auth = {"Authorization": "Bearer t"}
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/v1/info").json()["snapshot"]["version"] == second
+        r = c.post("/v1/admin/activate", json={"previous": True}, headers=auth)
+        assert r.status_code == 200 and (r.json()["version"], r.json()["was"], r.json()["count"]) == (first, second, 76), r.text
+        assert store.current_version() == first
+        found = c.post("/v1/search", json={"query": "a dog on a beach", "k": 76, "expansion": {"method": "none"}}).json()
+        assert found["snapshot_version"] == first and some_id in {hit["id"] for hit in found["results"]}
+        r = c.post("/v1/admin/activate", json={"version": "v0009-20261122T080000Z"}, headers=auth)
+        assert r.status_code == 404 and store.current_version() == first
+
+    moved = CliRunner().invoke(app, ["index", "activate", *milvus, "--version", second])
+    assert moved.exit_code == 0, moved.output
+    assert store.current_version() == second and len(store.load(image_space=rows[1]["image_space"])) == 75
+    third = update_snapshot(store, starter_encoder, remove=[int(store.load(image_space=rows[1]["image_space"]).contents()[0][0])],
+                            progress=False).manifest.version
+    pruned = CliRunner().invoke(app, ["index", "prune", *milvus, "--keep", "2"])
+    assert pruned.exit_code == 0 and "removed 1 version(s)" in pruned.output, pruned.output
+    # gone at once from the list and the server: a read at bounded staleness must not bring it back
+    assert store.versions() == [second, third] and store.current_version() == third
+    assert not store.client.has_collection(store.collection(first))
