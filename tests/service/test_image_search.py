@@ -94,12 +94,14 @@ BAD_UPLOADS = [  # (files, form data, JSON body, status, loc)
 ]
 
 
+@pytest.mark.above_the_index
 def test_bad_uploads_name_the_field(client, subtests):
     for case, (files, data, json, status, loc) in enumerate(BAD_UPLOADS):
         with subtests.test(case=case):
             assert_error_names(client.post("/v1/search/image", files=files, data=data, json=json), loc, status, whole=True)
 
 
+@pytest.mark.above_the_index
 def test_upload_limits(make_settings):
     from fastapi.testclient import TestClient
 
@@ -122,6 +124,7 @@ def test_upload_limits(make_settings):
         assert wrong_type.status_code == 415
 
 
+@pytest.mark.above_the_index
 def test_embeddings_match_the_encoder_and_decode_from_base64(client, direct):
     enc, _ = direct
     models = client.get("/v1/models").json()
@@ -155,12 +158,14 @@ BAD_EMBEDDING_BODIES = [  # (body, status, loc)
 ]
 
 
+@pytest.mark.above_the_index
 def test_embeddings_bad_input_names_the_field(client, subtests):
     for case, (body, status, loc) in enumerate(BAD_EMBEDDING_BODIES):
         with subtests.test(case=case):
             assert_error_names(client.post("/v1/embeddings", json=body), loc, status)
 
 
+@pytest.mark.above_the_index
 def test_embeddings_by_the_first_answer_tower_when_named(make_settings, whole_photo_robust_bundle, direct):
     """A server with a first-answer bundle lists it after the served one and embeds with it by name, so the
     plain starter's sentence embeddings stay a call away beside a robust ranking. Each tower's vectors are
@@ -191,6 +196,7 @@ def test_embeddings_by_the_first_answer_tower_when_named(make_settings, whole_ph
     assert enc.name in unknown.text and lead.name in unknown.text
 
 
+@pytest.mark.above_the_index
 def test_embeddings_share_the_cache_with_search(client):
     name = client.get("/v1/models").json()["data"][0]["id"]
     client.post("/v1/embeddings", json={"input": "a red bus on a street", "model": name})
@@ -205,6 +211,7 @@ def _counter(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+@pytest.mark.above_the_index
 def test_openai_client_embeds_through_the_service(uvicorn_server, demo_snapshot, direct):
     """OpenAI's own client (base64 by default, float when asked) against a real server."""
     from openai import OpenAI

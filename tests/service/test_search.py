@@ -12,6 +12,7 @@ from paraseek.core.encoder import Encoder, l2_normalize
 from tests.service.conftest import assert_error_names
 
 # every test that serves a snapshot runs on FAISS and on the same snapshot copied into Milvus Lite
+# (those marked above_the_index, whose subject the index never sees, on FAISS only)
 BOTH_BACKENDS = True
 ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
 
@@ -85,6 +86,7 @@ def test_consistency_matches_independent_computation(client, direct):
     assert rep["stable"] == (rep["mean_ao"] >= rep["threshold"])
 
 
+@pytest.mark.above_the_index
 def test_consistency_auto_uses_generated_paraphrases(client):
     r = client.post("/v1/search", json={"query": "a man riding a horse", "consistency": {"auto": 2, "method": "wordnet"}})
     assert r.status_code == 200
@@ -123,6 +125,7 @@ def test_expansion_rrf(client, direct):
     assert [x["score"] for x in body["results"]] == pytest.approx([s for _, s in expected])
 
 
+@pytest.mark.above_the_index
 def test_ppdb_expansion(make_settings, shared_data):
     from fastapi.testclient import TestClient
 
@@ -164,18 +167,21 @@ BAD_BODIES = [  # (body, status, loc)
 ]
 
 
+@pytest.mark.above_the_index
 def test_bad_input_names_the_field(client, subtests):
     for case, (body, status, loc) in enumerate(BAD_BODIES):
         with subtests.test(case=case):
             assert_error_names(client.post("/v1/search", json=body), loc, status)
 
 
+@pytest.mark.above_the_index
 def test_malformed_and_oversized_bodies(client):
     assert client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
     big = b'{"query": "' + b"a" * 300_000 + b'"}'
     assert client.post("/v1/search", content=big, headers={"content-type": "application/json"}).status_code == 413
 
 
+@pytest.mark.above_the_index
 def test_overlong_query_is_truncated_and_says_so(make_settings):
     from fastapi.testclient import TestClient
 
@@ -251,6 +257,7 @@ def test_micro_batching_merges_concurrent_requests(make_settings):
     assert searches["sum"] == 16 and searches["count"] < 16  # and fewer index searches: they are merged too
 
 
+@pytest.mark.above_the_index
 def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
     from fastapi.testclient import TestClient
 
@@ -273,6 +280,7 @@ def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
         assert bad.status_code == 502 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "method"]
 
 
+@pytest.mark.above_the_index
 def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
     from paraseek.paraphrase.wordnet import WordNetSource
 
@@ -285,6 +293,7 @@ def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
     assert r.json()["detail"][0]["loc"] == ["body", "expansion", "method"] and "corpus file" in r.text
 
 
+@pytest.mark.above_the_index
 def test_streamed_body_over_the_limit_is_413(make_settings):
     """A chunked body (no Content-Length) is counted as it arrives and cut off at the limit."""
     from fastapi.testclient import TestClient
@@ -316,6 +325,7 @@ TEXT_FIELD_BODIES = [  # (body, loc of the error; None: accepted)
 ]
 
 
+@pytest.mark.above_the_index
 def test_every_text_field_is_validated_the_same_way(client, subtests):
     import json
 
@@ -332,12 +342,14 @@ def test_every_text_field_is_validated_the_same_way(client, subtests):
             assert batch.status_code == 422 and batch.json()["detail"][0]["loc"] == ["body", "requests", 0, *loc[1:]]
 
 
+@pytest.mark.above_the_index
 def test_deeply_nested_json_is_a_4xx_naming_the_body(client):
     body = '{"query": "a dog", "k": ' + "[" * 5000 + "]" * 5000 + "}"
     r = client.post("/v1/search", content=body, headers={"content-type": "application/json"})
     assert 400 <= r.status_code < 500 and r.json()["detail"][0]["loc"][0] == "body"
 
 
+@pytest.mark.above_the_index
 def test_consistency_reports_requested_and_produced(client):
     r = client.post("/v1/search", json={"query": "a man riding a horse", "consistency": {"auto": 16, "method": "wordnet"}})
     rep = r.json()["consistency"]
@@ -519,6 +531,7 @@ def test_server_default_expansion_and_opting_out(make_settings, starter_bank):
         assert c.post("/v1/search", json={"query": "a kitchen with a stove"}).json()["results"] == plain["results"]
 
 
+@pytest.mark.above_the_index
 def test_bank_missing_or_of_another_bundle_is_a_400(make_settings, tmp_path):
     from fastapi.testclient import TestClient
 
@@ -843,6 +856,7 @@ def test_a_default_hub_weight_builds_the_versions_hub_table_at_start(make_settin
     assert [r["score"] for r in served] == pytest.approx([r["score"] for r in again], abs=1e-5)
 
 
+@pytest.mark.above_the_index
 def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_settings, tiny_clip):
     from fastapi.testclient import TestClient
 
@@ -854,6 +868,7 @@ def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_se
     assert app.state.engine.load_error.startswith("BundleError")
 
 
+@pytest.mark.above_the_index
 def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
     for body, loc in (({"query": "x", "k": "5"}, ["body", "k"]), ({"query": "x", "k": True}, ["body", "k"]),
                       ({"terms": [{"text": "a dog", "weight": False}]}, ["body", "terms", 0, "weight"]),
