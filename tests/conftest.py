@@ -68,6 +68,15 @@ def _every_core():
             os.environ["OMP_NUM_THREADS"] = share
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one test process more than the cores. A good part of the suite waits on servers (a real
+    Milvus server flushing, indexing and loading collections; service processes starting), and the extra
+    process keeps the cores busy meanwhile. PYTEST_XDIST_AUTO_NUM_WORKERS, where set, decides instead."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return (os.cpu_count() or 1) + 1
+
+
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """``build(path)``'s result, built by one test process: pytest-xdist's workers share the build
     (their base temp folders have one parent), so the others wait for it instead of building it again,
@@ -178,6 +187,8 @@ MILVUS_SERVER = "milvus-server"
 
 
 def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("above_the_index"):
+        return  # its subject never reaches the index backend: FAISS (the ``backend`` default) is enough
     if "backend" in metafunc.fixturenames and getattr(metafunc.module, "BOTH_BACKENDS", False):
         server = [MILVUS_SERVER] if getattr(metafunc.module, "ON_MILVUS_SERVER", False) else []
         metafunc.parametrize("backend", BACKENDS + server, indirect=True)
