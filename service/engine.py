@@ -317,6 +317,14 @@ class SearchEngine:
         log.info("now serving snapshot %s (activated; was %s)", target, was)
         return new.snapshot.manifest, was
 
+    def published_versions(self) -> tuple[list[SnapshotManifest], str | None, str]:
+        """What ``serve_version`` can serve: the published versions' manifests, oldest first; the version the
+        store names current (what replicas that poll serve); the one this server answers from."""
+        active = self.require_active()
+        store = self.store
+        assert store is not None  # set by the load that made ``active``
+        return [store.manifest(v) for v in store.versions()], store.current_version(), active.snapshot.version
+
     @property
     def hub_corrects_by_default(self) -> bool:
         """Whether the default expansion orders lists by hubness (every version served then wants its table)."""

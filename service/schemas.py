@@ -355,6 +355,25 @@ class ActivateResponse(BaseModel):
     created_at: str
 
 
+class PublishedVersion(BaseModel):
+    """A published version of the index, as an operator picks a rollback target (no server paths)."""
+
+    version: str
+    created_at: str
+    parent: str | None = Field(description="the version an update or copy started from")
+    count: int = Field(description="images")
+    image_space: str
+    index: str = Field(description="the index type")
+    recall_at_10: float | None = Field(description="against exact search; null for exact indexes")
+    current: bool = Field(description="the version the index names current: what replicas that poll serve")
+    served: bool = Field(description="the version this server answers from")
+
+
+class VersionsResponse(BaseModel):
+    backend: Literal["faiss", "milvus"]
+    versions: list[PublishedVersion] = Field(description="oldest first")
+
+
 class Job(BaseModel):
     id: str
     kind: str

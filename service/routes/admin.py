@@ -13,7 +13,16 @@ from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError, StaleSwap
 from paraseek.service.jobs import JobManager
 from paraseek.service.runtime import Active, first_answer_for, load_encoder
-from paraseek.service.schemas import ActivateRequest, ActivateResponse, Job, ReindexRequest, ReloadRequest, error_responses
+from paraseek.service.schemas import (
+    ActivateRequest,
+    ActivateResponse,
+    Job,
+    PublishedVersion,
+    ReindexRequest,
+    ReloadRequest,
+    VersionsResponse,
+    error_responses,
+)
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -103,3 +112,14 @@ async def activate(req: ActivateRequest, engine: SearchEngine = Depends(get_engi
     except StaleSwap as exc:
         raise RequestError("version", str(exc), status=409) from exc
     return ActivateResponse(version=manifest.version, was=was, count=manifest.count, created_at=manifest.created_at)
+
+
+@router.get("/versions", response_model=VersionsResponse, responses=error_responses(401, 403, 503))
+async def versions(engine: SearchEngine = Depends(get_engine)):
+    """The published versions of the index, oldest first: which one is current and which one this server
+    serves (what ``POST /v1/admin/activate`` can make current; ``paraseek index versions`` from a shell)."""
+    manifests, current, served = await asyncio.to_thread(engine.published_versions)
+    return VersionsResponse(backend=engine.require_active().snapshot.manifest.backend, versions=[
+        PublishedVersion(version=m.version, created_at=m.created_at, parent=m.parent, count=m.count, image_space=m.image_space,
+                         index=m.index.type, recall_at_10=m.recall_at_10, current=m.version == current, served=m.version == served)
+        for m in manifests])

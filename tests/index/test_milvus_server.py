@@ -228,6 +228,9 @@ def test_rollback_on_a_real_server_from_the_cli_and_the_admin_route(milvus_stand
         r = c.post("/v1/admin/activate", json={"previous": True}, headers=auth)
         assert r.status_code == 200 and (r.json()["version"], r.json()["was"], r.json()["count"]) == (first, second, 76), r.text
         assert store.current_version() == first
+        listed = c.get("/v1/admin/versions", headers=auth).json()
+        assert listed["backend"] == "milvus" and [(v["version"], v["current"], v["served"], v["count"]) for v in listed["versions"]] == [
+            (first, True, True, 76), (second, False, False, 75)]
         found = c.post("/v1/search", json={"query": "a dog on a beach", "k": 76, "expansion": {"method": "none"}}).json()
         assert found["snapshot_version"] == first and some_id in {hit["id"] for hit in found["results"]}
         r = c.post("/v1/admin/activate", json={"version": "v0009-20261122T080000Z"}, headers=auth)

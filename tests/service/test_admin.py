@@ -35,6 +35,7 @@ def test_admin_requires_the_token(client, headers, status):
     assert client.get("/v1/admin/jobs/abc", headers=headers).status_code == status
     assert client.post("/v1/admin/reload", json={"bundle": "x"}, headers=headers).status_code == status
     assert client.post("/v1/admin/activate", json={"previous": True}, headers=headers).status_code == status
+    assert client.get("/v1/admin/versions", headers=headers).status_code == status
 
 
 def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data):
@@ -309,6 +310,7 @@ def test_a_swap_that_lost_the_race_changes_nothing(client):
 def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_settings, snapshot_copy, starter_encoder):
     import numpy as np
 
+    from paraseek.index.backends import store_from_settings
     from paraseek.index.builder import update_snapshot
 
     first = (snapshot_copy / "current").read_text().strip()
@@ -316,8 +318,15 @@ def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_sett
     second = update_snapshot(snapshot_copy, starter_encoder, remove=[some_id], progress=False).manifest.version
     with TestClient(create_app(make_settings(snapshot=snapshot_copy))) as c:
         assert c.get("/v1/info").json()["snapshot"]["version"] == second
+        listed = c.get("/v1/admin/versions", headers=AUTH)
+        assert listed.status_code == 200 and listed.json()["backend"] == "faiss"
+        assert [(v["version"], v["parent"], v["count"], v["current"], v["served"]) for v in listed.json()["versions"]] == [
+            (first, None, 76, False, False), (second, first, 75, True, True)]
+        assert str(snapshot_copy) not in listed.text  # an operator's listing, not the server's folders
         r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)  # the update's parent
         assert r.status_code == 200 and r.json()["version"] == first and r.json()["was"] == second
+        listed = c.get("/v1/admin/versions", headers=AUTH).json()["versions"]
+        assert [(v["version"], v["current"], v["served"]) for v in listed] == [(first, True, True), (second, False, False)]
         assert r.json()["count"] == c.get("/v1/info").json()["snapshot"]["count"] == len(np.load(snapshot_copy / "versions" / first / "ids.npy"))
         assert c.get("/v1/info").json()["snapshot"]["version"] == first == (snapshot_copy / "current").read_text().strip()
         assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == first
@@ -329,6 +338,11 @@ def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_sett
         assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == second
         again = c.post("/v1/admin/activate", json={"version": second}, headers=AUTH)
         assert again.status_code == 200 and again.json()["was"] == second
+        store_from_settings(make_settings(snapshot=snapshot_copy)).activate(first)  # another writer; this server does not poll
+        listed = c.get("/v1/admin/versions", headers=AUTH).json()["versions"]
+        assert [(v["version"], v["current"], v["served"]) for v in listed] == [(first, True, False), (second, False, True)]
+        assert c.post("/v1/admin/activate", json={"version": second}, headers=AUTH).json()["was"] == second
+        assert (snapshot_copy / "current").read_text().strip() == second  # served, and current again
 
         for body, status in (({"version": "v0009-20261122T080000Z"}, 404), ({}, 422), ({"version": "../../etc"}, 422),
                              ({"version": second, "previous": True}, 422), ({"version": 3}, 422)):
@@ -357,6 +371,9 @@ def test_activate_moves_a_milvus_alias(make_settings, starter_encoder, backend):
         r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)
         assert r.status_code == 200 and r.json()["version"] == first, r.text
         assert store.current_version() == first and c.get("/v1/info").json()["snapshot"]["backend"] == "milvus"
+        listed = c.get("/v1/admin/versions", headers=AUTH).json()
+        assert listed["backend"] == "milvus" and [(v["version"], v["current"], v["served"]) for v in listed["versions"]] == [
+            (first, True, True), (second, False, False)]
         assert c.post("/v1/search", json={"query": "a dog"}).json()["snapshot_version"] == first
 
 
