@@ -19,6 +19,7 @@ pymilvus is imported here only, so FAISS-only installs never need it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -106,6 +107,21 @@ def _truncate_utf8(text: str, limit: int) -> str:
     return text if len(data) <= limit else data[:limit].decode("utf-8", errors="ignore")
 
 
+def _outage_is_unavailable(method):
+    """A version call the server did not answer is an outage (IndexUnavailable: 503 from the service's admin
+    routes, exit 69 from the CLI), not a bug's traceback."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except self.errors as exc:
+            raise IndexUnavailable(f"{self.describe()}: {method.__name__.strip('_').replace('_', ' ')} failed: "
+                                   f"{_reason(exc)}") from exc
+
+    return call
+
+
 class MilvusStore(SnapshotStore):
     backend = "milvus"
 
@@ -187,6 +203,7 @@ class MilvusStore(SnapshotStore):
         return f"{self.prefix}_{version.replace('-', '_')}"
 
     # -- versions --------------------------------------------------------------------------------
+    @_outage_is_unavailable
     def versions(self) -> list[str]:
         return sorted(r["version"] for r in self._rows("published"))
 
@@ -197,6 +214,7 @@ class MilvusStore(SnapshotStore):
     def _alias_exists(self) -> bool:
         return self.alias in (self.client.list_aliases().get("aliases") or [])
 
+    @_outage_is_unavailable
     def current_version(self) -> str | None:
         if not self._alias_exists():
             return None  # nothing published yet
@@ -206,6 +224,7 @@ class MilvusStore(SnapshotStore):
                 return row["version"]
         return None
 
+    @_outage_is_unavailable
     def manifest(self, version: str | None = None) -> SnapshotManifest:
         version = version or self.current_version()
         if version is not None and not VERSION_TEXT.match(version):
@@ -218,6 +237,7 @@ class MilvusStore(SnapshotStore):
             raise SnapshotError(f"{self.describe()}: no published version {version!r}")
         return SnapshotManifest.model_validate_json(rows[0]["manifest"])
 
+    @_outage_is_unavailable
     def activate(self, version: str) -> None:
         self.manifest(version)  # published, or SnapshotError
         name = self.collection(version)
@@ -247,6 +267,7 @@ class MilvusStore(SnapshotStore):
     def _count(self, name: str) -> int:
         return int(self.client.query(name, filter="", output_fields=["count(*)"], **STRONG)[0]["count(*)"])
 
+    @_outage_is_unavailable
     def prune(self, keep: int) -> list[str]:
         versions = self.versions()
         current = self.current_version()
@@ -262,6 +283,7 @@ class MilvusStore(SnapshotStore):
             self.client.drop_collection(name)
         self.client.delete(self.manifests, filter=f'version == "{version}"')
 
+    @_outage_is_unavailable
     def clean_stale(self, max_age_s: float = STALE_BUILD_AFTER_S) -> list[str]:
         """Versions whose build died: written by a process of this host that is gone, or by anyone
         longer ago than ``max_age_s``; and collections of this prefix that no manifest row names."""

@@ -28,7 +28,7 @@ from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
 from paraseek.index.filters import FilterError, SearchFilter
-from paraseek.index.store import SearchableSnapshot, SearchView, SnapshotStore
+from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SearchView, SnapshotStore
 from paraseek.index.versions import SnapshotError, SnapshotManifest
 from paraseek.paraphrase.caption_bank import CaptionBankError
 from paraseek.paraphrase.expansions import EXPANSIONS, HubCorrection
@@ -299,7 +299,9 @@ class SearchEngine:
             return active.snapshot.manifest, was
         try:
             new = replace(active, snapshot=load_snapshot(store, active.encoder.image_space, self.settings, target))
-        except Exception as exc:  # altered files, another image space, a backend that went away: the log has the detail
+        except IndexUnavailable:
+            raise  # an outage (503, retry), not a version that cannot be served
+        except Exception as exc:  # altered files, another image space: the log has the detail
             log.warning("version %s not served: %s: %s", target, type(exc).__name__, exc)
             raise RequestError("version", f"version {target} cannot be served: {type(exc).__name__} (see the server "
                                "log)", status=409) from exc

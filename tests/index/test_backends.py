@@ -404,6 +404,14 @@ def test_a_bare_grpc_error_from_pymilvus_is_an_outage(milvus_store, monkeypatch)
     with pytest.raises(IndexUnavailable, match="search failed"):
         snap.search_ids(vectors[:1], 5)
     assert len(calls) == 2  # tried again once, as a dropped connection is
+    # the version calls of a store opened before the outage (a server's rollback, its poll) are outages too
+    monkeypatch.setattr(milvus_store.client, "query", failing)
+    monkeypatch.setattr(milvus_store.client, "list_aliases", failing)
+    for call, name in ((milvus_store.versions, "versions"), (milvus_store.current_version, "current version"),
+                       (milvus_store.previous_version, "versions"), (lambda: milvus_store.activate(snap.version), "manifest"),
+                       (lambda: milvus_store.prune(2), "versions")):
+        with pytest.raises(IndexUnavailable, match=f"{name} failed: <_InactiveRpcError"):
+            call()
 
 def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path, request, monkeypatch):
     """The service searches from worker threads (in parallel when batching is off): a filtered view's

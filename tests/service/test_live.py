@@ -144,6 +144,9 @@ def test_milvus_outage_is_a_503_and_the_service_recovers(uvicorn_server, demo_sn
         detail = down.json()["detail"][0]
         assert detail["loc"] == ["index"] and "milvus" in detail["msg"] and "unavailable" in detail["msg"]
         assert down.headers["retry-after"] and milvus_server["uri"] not in down.text
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # an operator's rollback meets the same outage
+        for r in (c.get("/v1/admin/versions", headers=auth), c.post("/v1/admin/activate", json={"previous": True}, headers=auth)):
+            assert r.status_code == 503 and r.json()["detail"][0]["loc"] == ["index"] and r.headers["retry-after"], r.text
         assert c.get("/healthz").status_code == 200  # the process itself lives on
         milvus_server["start"]()
         # a restarted server reloads its collections itself (about 30 s for Milvus 2.3.5); until then
