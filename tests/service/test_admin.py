@@ -312,6 +312,7 @@ def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_sett
 
     from paraseek.index.backends import store_from_settings
     from paraseek.index.builder import update_snapshot
+    from paraseek.service.deps import engine_of
 
     first = (snapshot_copy / "current").read_text().strip()
     some_id = int(np.load(snapshot_copy / "versions" / first / "ids.npy")[0])
@@ -323,6 +324,11 @@ def test_activate_rolls_back_and_forward_and_refuses_what_cannot_serve(make_sett
         assert [(v["version"], v["parent"], v["count"], v["current"], v["served"]) for v in listed.json()["versions"]] == [
             (first, None, 76, False, False), (second, first, 75, True, True)]
         assert str(snapshot_copy) not in listed.text  # an operator's listing, not the server's folders
+        store = engine_of(c.app).store
+        listed_then_pruned = [*store.versions(), "v0009-20261122T080000Z"]  # `index prune` elsewhere, between the reads
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(store, "versions", lambda: listed_then_pruned)
+            assert [v["version"] for v in c.get("/v1/admin/versions", headers=AUTH).json()["versions"]] == [first, second]
         r = c.post("/v1/admin/activate", json={"previous": True}, headers=AUTH)  # the update's parent
         assert r.status_code == 200 and r.json()["version"] == first and r.json()["was"] == second
         listed = c.get("/v1/admin/versions", headers=AUTH).json()["versions"]
