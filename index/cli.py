@@ -382,7 +382,7 @@ def versions_cmd(
     """List the published versions, oldest first, the current one marked: what `index activate` can roll back to."""
     store = open_cli_store(backend, root, uri, collection)
     current = store.current_version()
-    manifests = [store.manifest(v) for v in store.versions()]
+    manifests = store.published_manifests()
     if not manifests:
         raise UserError(f"{store.describe()}: no published version")
     if as_json:

@@ -239,6 +239,17 @@ class SnapshotStore(ABC):
     def abort_version(self, version: str) -> None:
         """Remove what a failed build of ``version`` wrote (never a published version)."""
 
+    def published_manifests(self) -> list[SnapshotManifest]:
+        """The published versions' manifests, oldest first; a version pruned between the listing and its
+        manifest's read (``index prune`` from elsewhere) is left out."""
+        manifests = []
+        for version in self.versions():
+            try:
+                manifests.append(self.manifest(version))
+            except SnapshotError:
+                continue
+        return manifests
+
     def previous_version(self) -> str:
         """The version a rollback returns to (``rollback_version``); SnapshotError where there is none (its
         message names no path: the service returns it)."""

@@ -138,10 +138,14 @@ class VersionContents(Protocol):
     def iter_contents(self) -> Iterable[tuple]: ...
 
 
+def _version_table_path(folder: Path, snapshot: VersionContents, bank: CaptionBank) -> Path:
+    return hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank))
+
+
 def written_hub_table(folder: Path, snapshot: VersionContents, bank: CaptionBank) -> HubTable | None:
     """The index version's table against ``bank`` where it was written under ``folder``; None, computing nothing,
     where it was not (a rollback swaps at once and leaves the table to the thread after its swap)."""
-    return HubTable.load(hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank)), len(snapshot))
+    return HubTable.load(_version_table_path(folder, snapshot, bank), len(snapshot))
 
 
 def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank, *,
@@ -154,7 +158,7 @@ def hub_table_for(folder: Path, snapshot: VersionContents, bank: CaptionBank, *,
     table = written_hub_table(folder, snapshot, bank)
     if table is not None:
         return table, None
-    path = hub_table_path(folder, hub_table_key(version_identity(snapshot.manifest), bank))
+    path = _version_table_path(folder, snapshot, bank)
     began = time.perf_counter()
     table = HubTable.compute(bank, snapshot.iter_contents())
     if len(table) != len(snapshot):

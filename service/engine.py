@@ -325,13 +325,7 @@ class SearchEngine:
         active = self.require_active()
         store = self.store
         assert store is not None  # set by the load that made ``active``
-        manifests = []
-        for version in store.versions():
-            try:
-                manifests.append(store.manifest(version))
-            except SnapshotError:  # pruned between the two reads (`index prune` from elsewhere)
-                continue
-        return manifests, store.current_version(), active.snapshot.version
+        return store.published_manifests(), store.current_version(), active.snapshot.version
 
     @property
     def hub_corrects_by_default(self) -> bool:

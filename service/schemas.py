@@ -363,7 +363,7 @@ class PublishedVersion(BaseModel):
     parent: str | None = Field(description="the version an update or copy started from")
     count: int = Field(description="images")
     image_space: str
-    index: str = Field(description="the index type")
+    index: IndexType = Field(description="the index type")
     recall_at_10: float | None = Field(description="against exact search; null for exact indexes")
     current: bool = Field(description="the version the index names current: what replicas that poll serve")
     served: bool = Field(description="the version this server answers from")
