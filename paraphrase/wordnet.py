@@ -26,9 +26,16 @@ def _wordnet():
 def general_sentences() -> list[str]:
     """WordNet's usage examples and glosses (about 165K, deduplicated, in WordNet's order): general-domain
     English, for training terms that keep a text tower's behaviour outside the domain it is tuned on."""
+    return list(_general_sentences())
+
+
+@lru_cache(maxsize=1)
+def _general_sentences() -> tuple[str, ...]:
+    # read once a process: walking NLTK's 117K synsets takes about 20 s on 2 cores, and a sweep (or a test
+    # session) builds one trainer after another; a failed read is not cached
     wn = _wordnet()
     texts = (text for synset in wn.all_synsets() for text in (*synset.examples(), synset.definition()))
-    return list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    return tuple(dict.fromkeys(t.strip() for t in texts if t.strip()))
 
 
 def _pos(synset) -> str:

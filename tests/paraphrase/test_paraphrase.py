@@ -85,3 +85,10 @@ def test_wordnet_general_sentences_are_its_usage_examples_and_glosses(wordnet):
     assert "the dog barked all night" in texts  # dog.n.01's usage example
     assert any(t.startswith("a member of the genus Canis") for t in texts)  # and its gloss
     assert all(t == t.strip() and t for t in texts[:1000])
+    # read once a process (each trainer of a sweep asks again), each caller gets its own list
+    from paraseek.paraphrase.wordnet import _general_sentences
+
+    texts.append("changed by the caller")
+    hits = _general_sentences.cache_info().hits
+    again = general_sentences()
+    assert _general_sentences.cache_info().hits == hits + 1 and again[-1] != "changed by the caller"
