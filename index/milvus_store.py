@@ -27,6 +27,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -59,8 +60,12 @@ FILTER_CACHE = 256
 CONNECT_ATTEMPTS = 3
 TRANSIENT = ("too many pings", "goaway", "unavailable", "fail connecting", "connection reset")
 # a Milvus server answers reads at "Bounded" staleness unless asked: a version written a moment ago
-# would be missing from its manifests and counts (Milvus Lite is strongly consistent anyway)
+# would be missing from its manifests and counts (Milvus Lite is strongly consistent anyway). A Strong
+# read waits for the server's time tick (about 400 ms a query on an idle 2.3.5 standalone, against 2 ms):
+# what only grows (a published version's row, which never changes until dropped, and a version's rows)
+# is read at the default staleness first, and again Strong only where it is not all there yet
 STRONG = {"consistency_level": "Strong"}
+BOUNDED = {"consistency_level": "Bounded"}
 
 
 def _pymilvus():
@@ -194,6 +199,11 @@ class MilvusStore(SnapshotStore):
         expr = f'state == "{state}"' if state else 'version != ""'
         return self.client.query(self.manifests, filter=expr, output_fields=["version", "state", "manifest"], **STRONG)
 
+    def _query_until(self, collection: str, expr: str, fields: list[str], enough: Callable[[list[dict]], bool]) -> list[dict]:
+        """The rows a Bounded read returns where ``enough`` accepts them, else a Strong read's (see STRONG)."""
+        rows = self.client.query(collection, filter=expr, output_fields=fields, **BOUNDED)
+        return rows if enough(rows) else self.client.query(collection, filter=expr, output_fields=fields, **STRONG)
+
     def _put(self, version: str, state: str, body: str) -> None:
         if len(body.encode("utf-8")) > VARCHAR_MAX:
             raise UserError(f"the manifest of {version} is larger than Milvus' {VARCHAR_MAX}-byte text field")
@@ -219,10 +229,10 @@ class MilvusStore(SnapshotStore):
         if not self._alias_exists():
             return None  # nothing published yet
         target = self.client.describe_alias(self.alias).get("collection_name")
-        for row in self._rows("published"):
-            if self.collection(row["version"]) == target:
-                return row["version"]
-        return None
+        # the alias moves only to a version already published, so a read that lacks its row is stale
+        rows = self._query_until(self.manifests, 'state == "published"', ["version"],
+                                 lambda rows: any(self.collection(r["version"]) == target for r in rows))
+        return next((r["version"] for r in rows if self.collection(r["version"]) == target), None)
 
     @_outage_is_unavailable
     def manifest(self, version: str | None = None) -> SnapshotManifest:
@@ -231,8 +241,7 @@ class MilvusStore(SnapshotStore):
             raise SnapshotError(f"{version!r} is not a snapshot version name (like v0001-20261122T080000Z)")
         if version is None:
             raise SnapshotError(f"{self.describe()}: no published version (build one with `paraseek index build --backend milvus`)")
-        rows = self.client.query(self.manifests, filter=f'version == "{version}" and state == "published"',
-                                 output_fields=["manifest"], **STRONG)
+        rows = self._query_until(self.manifests, f'version == "{version}" and state == "published"', ["manifest"], bool)
         if not rows:
             raise SnapshotError(f"{self.describe()}: no published version {version!r}")
         return SnapshotManifest.model_validate_json(rows[0]["manifest"])
@@ -256,7 +265,7 @@ class MilvusStore(SnapshotStore):
             name = self.collection(manifest.version)
             self.client.load_collection(name)
             if verify:
-                count = self._count(name)
+                count = self._count(name, manifest.count)
                 if count != manifest.count:
                     raise SnapshotError(f"{self.describe()}: version {manifest.version} holds {count} vectors, its "
                                         f"manifest says {manifest.count}")
@@ -264,8 +273,10 @@ class MilvusStore(SnapshotStore):
             raise IndexUnavailable(f"{self.describe()}: version not loaded: {_reason(exc)}") from exc
         return MilvusSnapshot(self, manifest)
 
-    def _count(self, name: str) -> int:
-        return int(self.client.query(name, filter="", output_fields=["count(*)"], **STRONG)[0]["count(*)"])
+    def _count(self, name: str, expected: int) -> int:
+        """The vectors of a version's collection, read Strong where a Bounded read counts other than ``expected``."""
+        rows = self._query_until(name, "", ["count(*)"], lambda rows: int(rows[0]["count(*)"]) == expected)
+        return int(rows[0]["count(*)"])
 
     @_outage_is_unavailable
     def prune(self, keep: int) -> list[str]:
@@ -353,12 +364,12 @@ class MilvusStore(SnapshotStore):
         name = self.collection(draft.version)
         metadata = draft.metadata if len(draft.metadata) == count else [{"id": int(i)} for i in draft.ids]
         try:
-            if not self.client.query(self.manifests, filter=f'version == "{draft.version}"', output_fields=["state"], **STRONG):
+            if not self._query_until(self.manifests, f'version == "{draft.version}"', ["state"], bool):
                 self._put(draft.version, "building", json.dumps(build_owner()))  # not begun with begin_version
             self._create(name, dim, kind, build)
             self._insert(name, draft.ids, draft.vectors, metadata)
             self.client.flush(name)
-            written = self._count(name)
+            written = self._count(name, count)
             if written != count:
                 raise SnapshotError(f"Milvus holds {written} of the {count} vectors written to {name}")
             self._wait_indexed(name, kind, count)

@@ -5,7 +5,9 @@ parameters, and Milvus DISKANN, which FAISS has no counterpart of) it measures: 
 version through the store (insert + index + publish; a Milvus version is published once the server
 has indexed it), recall@10 against exact search, p50 latency at batch 1, queries/s at batch 64, and
 filtered searches matching 1 %, 10 % and 50 % of the collection (p50 at batch 1 and recall@10
-against the exact top 10 among the matching vectors). Each Milvus row ends with its ratio to the FAISS row of the same kind.
+against the exact top 10 among the matching vectors), and the reads a server makes of a version published a
+while ago: the current version (each snapshot poll) and its manifest (each start and reload). Each Milvus row
+ends with its ratio to the FAISS row of the same kind.
 
 The vectors are the index benchmark's synthetic mix around real CLIP image embeddings, the queries
 its noisy real caption embeddings (``paraseek.loadtests.bench_index``). Milvus is Milvus Lite in this
@@ -60,11 +62,13 @@ def timed(fn, calls: int) -> float:
     return statistics.median(samples)
 
 
-def measure(store: SnapshotStore, kind: str, vectors, ids, rows, queries, truth, filtered_truth, calls: int) -> dict:
+def measure(store: SnapshotStore, kind: str, vectors, ids, rows, queries, truth, filtered_truth, calls: int,
+            settle_s: float = 6.0) -> dict:
     draft = VersionDraft(store.new_version_name(), vectors, ids, rows, {"kind": "synthetic"}, {})
     t0 = time.perf_counter()
     store.write_version(draft, REF, KINDS.get(kind, IndexSpec(type="flat")), queries=queries[:4], query_source="bench")
-    build_s = time.perf_counter() - t0
+    built = time.perf_counter()
+    build_s = built - t0
     snap = store.load()
     set_threads(1)
     _, got = snap.search_ids(queries, 10)
@@ -80,6 +84,11 @@ def measure(store: SnapshotStore, kind: str, vectors, ids, rows, queries, truth,
         out[f"{name}_recall"] = overlap_recall(got, filtered_truth[name])
         out[f"{name}_ms"] = timed(lambda v=view: v.search_ids(queries[next(single) % len(queries)][None], 10), calls) * 1000
     snap.close()
+    # a server reads the version once a start, a reload or a poll comes, usually long after the build: past
+    # a Milvus server's bounded staleness (5 s), where the store's reads need not wait for a Strong read
+    time.sleep(max(0.0, built + settle_s - time.perf_counter()))
+    out["poll_ms"] = timed(store.current_version, 20) * 1000
+    out["manifest_ms"] = timed(store.manifest, 20) * 1000
     if isinstance(store, MilvusStore):  # the server's memory goes to the next kind
         store.client.release_collection(store.collection(draft.version))
     return out
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds per Milvus call (the recall measurement sends all queries in one search)")
     p.add_argument("--calls", type=int, default=200, help="timed calls per batch-1 measurement")
+    p.add_argument("--settle", type=float, default=6.0,
+                   help="seconds from a version's publication to the timing of its reads (a server's staleness bound is 5)")
     args = p.parse_args(argv)
 
     feats = np.load(args.data / "clip-vitb16-coco500" / "features_clip.npy")
@@ -113,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
         print(f"filter {name}: {keep.mean() * 100:.1f} % of the vectors match", flush=True)
 
     header = (f"{'backend':8} {'index':9} {'build s':>8} {'recall@10':>9} {'b1 p50 ms':>9} {'b64 QPS':>9} "
-              + " ".join(f"{'f' + n + ' ms':>9} {'f' + n + ' rec':>9}" for n in SELECTIVITY))
+              + " ".join(f"{'f' + n + ' ms':>9} {'f' + n + ' rec':>9}" for n in SELECTIVITY) + f" {'poll ms':>8} {'mfst ms':>8}")
     print(f"\n{args.size} vectors x {vectors.shape[1]}, {len(queries)} queries; batch 1 on one FAISS thread, batch 64 on all")
     print(header, flush=True)
     results: dict[tuple[str, str], dict] = {}
@@ -127,23 +138,26 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
                                         timeout_s=args.timeout, index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
                 try:
                     r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
-                                                           args.calls)
+                                                           args.calls, args.settle)
                 except SnapshotError as exc:
                     print(f"{backend:8} {kind:9} not built: {exc}", flush=True)
                     continue
                 finally:
                     store.close()
                 line = (f"{backend:8} {kind:9} {r['build_s']:8.2f} {r['recall']:9.3f} {r['b1_ms']:9.2f} {r['b64_qps']:9.0f} "
-                        + " ".join(f"{r[n + '_ms']:9.2f} {r[n + '_recall']:9.3f}" for n in SELECTIVITY))
+                        + " ".join(f"{r[n + '_ms']:9.2f} {r[n + '_recall']:9.3f}" for n in SELECTIVITY)
+                        + f" {r['poll_ms']:8.2f} {r['manifest_ms']:8.2f}")
                 print(line, flush=True)
     print("\nMilvus / FAISS, same index kind (time ratios: > 1 means Milvus is slower; QPS ratio: < 1 means Milvus is slower)")
-    print(f"{'index':9} {'build':>7} {'b1 p50':>7} {'b64 QPS':>8} " + " ".join(f"{'f' + n:>7}" for n in SELECTIVITY))
+    print(f"{'index':9} {'build':>7} {'b1 p50':>7} {'b64 QPS':>8} " + " ".join(f"{'f' + n:>7}" for n in SELECTIVITY)
+          + f" {'poll':>7} {'mfst':>7}")
     for kind in args.kinds:
         if ("faiss", kind) not in results or ("milvus", kind) not in results:
             continue
         f, m = results[("faiss", kind)], results[("milvus", kind)]
         print(f"{kind:9} {m['build_s'] / f['build_s']:7.1f} {m['b1_ms'] / f['b1_ms']:7.1f} {m['b64_qps'] / f['b64_qps']:8.2f} "
-              + " ".join(f"{m[n + '_ms'] / f[n + '_ms']:7.1f}" for n in SELECTIVITY))
+              + " ".join(f"{m[n + '_ms'] / f[n + '_ms']:7.1f}" for n in SELECTIVITY)
+              + f" {m['poll_ms'] / f['poll_ms']:7.1f} {m['manifest_ms'] / f['manifest_ms']:7.1f}")
     return results
 
 

@@ -413,6 +413,36 @@ def test_a_bare_grpc_error_from_pymilvus_is_an_outage(milvus_store, monkeypatch)
         with pytest.raises(IndexUnavailable, match=f"{name} failed: <_InactiveRpcError"):
             call()
 
+def test_what_a_published_version_leaves_is_read_strong_only_where_a_bounded_read_lags(milvus_store, monkeypatch):
+    """A Milvus server's default read (Bounded) may miss a write of the last seconds; a Strong one waits for
+    the server's time tick (200-400 ms a query on a 2.3.5 standalone). What a published version leaves (its
+    manifest row, its vectors) only appears, so the store reads it Bounded and again Strong only where that
+    read lacks it: a long-published version costs no Strong read (a service start, each snapshot poll), and
+    one published a moment ago is still found. Milvus Lite reads everything at once, so a lag is made here."""
+    vectors, ids, rows = synthetic(n=300)
+    _, first = publish(milvus_store, vectors, ids, rows, IndexSpec(type="flat"))
+    real, levels, lagging = milvus_store.client.query, [], [False]
+
+    def query(collection, filter="", output_fields=None, **kwargs):
+        levels.append(kwargs.get("consistency_level"))
+        found = real(collection, filter=filter, output_fields=output_fields, **kwargs)
+        if lagging[0] and kwargs.get("consistency_level") != "Strong":  # nothing of the version written yet
+            return [{"count(*)": 0}] if output_fields == ["count(*)"] else []
+        return found
+
+    monkeypatch.setattr(milvus_store.client, "query", query)
+    for lag in (False, True):
+        lagging[0] = lag
+        levels.clear()
+        assert milvus_store.current_version() == first.version
+        assert milvus_store.manifest().version == first.version
+        assert len(milvus_store.load(image_space=REF.image_space)) == 300
+        assert ("Strong" in levels) == lag, levels
+    # what can change under a reader is still read Strong: the list of versions, a build's state
+    levels.clear()
+    assert milvus_store.versions() == [first.version] and levels == ["Strong"]
+
+
 def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path, request, monkeypatch):
     """The service searches from worker threads (in parallel when batching is off): a filtered view's
     first searches, metadata lookups through Milvus' small LRU and the memory-mapped vectors, all at

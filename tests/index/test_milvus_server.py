@@ -64,9 +64,13 @@ def test_search_and_filters_match_faiss_exactly(milvus_standalone, demo_snapshot
 
 def test_a_new_version_moves_the_alias_and_the_old_one_stays_loadable(milvus_standalone):
     store = MilvusStore(milvus_standalone.uri, prefix="alias")
+    replica = MilvusStore(milvus_standalone.uri, prefix="alias")  # another client, as a replica's poll is
     vectors, ids, rows = synthetic(n=500)
     _, first = publish(store, vectors, ids, rows, IndexSpec(type="flat"))
     _, second = publish(store, vectors[:300], ids[:300], rows[:300], IndexSpec(type="hnsw"))
+    # read at once, within the server's bounded staleness: the store reads again Strong what a lagging read lacks
+    assert replica.current_version() == second.version and replica.manifest().version == second.version
+    assert len(replica.load(image_space=REF.image_space)) == 300
     assert store.current_version() == second.version and store.versions() == [first.version, second.version]
     assert len(store.load(image_space=REF.image_space)) == 300
     assert len(store.load(first.version, image_space=REF.image_space)) == 500
