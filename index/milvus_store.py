@@ -400,6 +400,7 @@ class MilvusStore(SnapshotStore):
         the server cannot build (e.g. DISKANN on a build without disk-index support, which retries for
         ever) fails the build after ``index_timeout_s``."""
         deadline = time.monotonic() + self.index_timeout_s
+        pause = 0.05  # doubling to 1 s: a small version is indexed within a few tenths of a second
         while True:
             info = self.client.describe_index(name, "vector")
             pending = int(info.get("pending_index_rows", 0))
@@ -409,7 +410,8 @@ class MilvusStore(SnapshotStore):
                 raise SnapshotError(f"{self.describe()}: the server indexed {info.get('indexed_rows')} of {count} vectors of "
                                     f"{name} as {kind} in {self.index_timeout_s:.0f} s (PARASEEK_MILVUS_INDEX_TIMEOUT_S); "
                                     f"its index nodes' log says why")
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(1.0, pause * 2)
 
     def _measure_recall(self, probe: MilvusSnapshot, spec: IndexSpec, draft, queries: np.ndarray, query_source: str,
                         target_recall: float | None) -> tuple[IndexSpec, float | None, int, dict | None]:
