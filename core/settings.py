@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     max_queued_batches: int = Field(1024, ge=1, description="items waiting in each batcher's queue; past it: 503")
     paraphrase_workers: int = Field(4, ge=1, description="threads of their own for paraphrase sources (an LLM "
                                     "endpoint's calls), so slow ones never hold the shared pool")
+    freeze_heap: bool = Field(True, description="at start and after each swap, collect once and move the whole process's "
+                              "heap out of the cyclic collector's reach (gc.freeze), so full collections stop pausing "
+                              "requests; off where the service shares its process with other work (an application "
+                              "embedding it, a test session): there that collection walks the other work's heap too "
+                              "(0.64 s a start in a test process holding torch)")
 
     # caches: Redis when a URL is given, else an in-process LRU
     redis_url: str | None = None

@@ -23,7 +23,7 @@ import numpy as np
 
 from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
-from paraseek.core.memory import freeze_long_lived, limit_malloc_arenas
+from paraseek.core.memory import freeze_long_lived, limit_malloc_arenas, release_free_memory
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
 from paraseek.index.faiss_index import set_threads
@@ -209,7 +209,8 @@ class SearchEngine:
                     self.expansion_sources.start_hub_table(active)
             except RequestError as exc:
                 log.warning("default expansion %r unavailable: %s", expansion.method, exc)
-        freeze_long_lived()  # what is loaded by now lives as long as the service (or until a swap)
+        if self.settings.freeze_heap:
+            freeze_long_lived()  # what is loaded by now lives as long as the service (or until a swap)
 
     async def stop(self) -> None:
         if getattr(self, "_watcher", None) is not None:
@@ -274,7 +275,10 @@ class SearchEngine:
             self.expansion_sources.start_hub_table(active, bank)
         if replaces is not None and replaces is not active:
             # the replaced encoder/index back to the OS, not just to the heap; the new one out of the collector's reach
-            freeze_long_lived()
+            if self.settings.freeze_heap:
+                freeze_long_lived()
+            else:
+                release_free_memory()
 
     def serve_version(self, version: str | None) -> tuple[SnapshotManifest, str]:
         """Serve a published version of the index and make it current: an admin rollback (``None``: the version

@@ -62,9 +62,10 @@ def make_settings(starter_bundle, demo_snapshot, shared_data, tmp_path, backend,
 
     def make(**overrides) -> Settings:
         # fp32: the hand computations the tests compare with run the fp32 tower (``auto`` picks int8 for
-        # the starters); tests of int8 serving name it
+        # the starters); tests of int8 serving name it. freeze_heap off: an app started in a test process
+        # would collect and freeze the whole session's heap (torch's included), 0.64 s a start (tested on its own)
         base = dict(bundle=starter_bundle, snapshot=demo_snapshot, admin_token=ADMIN_TOKEN, log_json=False,
-                    llm_cache=tmp_path / "llm-cache.jsonl", home=tmp_path / "home", precision="fp32")
+                    llm_cache=tmp_path / "llm-cache.jsonl", home=tmp_path / "home", precision="fp32", freeze_heap=False)
         base.update(overrides)
         if backend == "milvus" and "index_backend" not in overrides:
             base.update(milvus_settings(request.getfixturevalue("milvus_lite_uri"), Path(base["snapshot"])))
