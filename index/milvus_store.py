@@ -61,7 +61,7 @@ CONNECT_ATTEMPTS = 3
 TRANSIENT = ("too many pings", "goaway", "unavailable", "fail connecting", "connection reset")
 # a Milvus server answers reads at "Bounded" staleness unless asked: a version written a moment ago
 # would be missing from its manifests and counts (Milvus Lite is strongly consistent anyway). A Strong
-# read waits for the server's time tick (about 400 ms a query on an idle 2.3.5 standalone, against 2 ms):
+# read waits for the server's time tick (200-400 ms a query on an idle 2.3.5 standalone, against 2-4 ms):
 # what only grows (a published version's row, which never changes until dropped, and a version's rows)
 # is read at the default staleness first, and again Strong only where it is not all there yet
 STRONG = {"consistency_level": "Strong"}
