@@ -92,8 +92,8 @@ def test_a_version_is_published_once_indexed_and_an_index_the_server_cannot_buil
     assert index["index_type"] == "HNSW" and index["indexed_rows"] == 3000 and index["pending_index_rows"] == 0
 
     disk = MilvusStore(milvus_standalone.uri, prefix="indexed", index_type="DISKANN", search_params={"search_list": 64},
-                       index_timeout_s=20)
-    with pytest.raises(SnapshotError, match=r"indexed 0 of 3000 vectors .* as DISKANN in 20 s"):
+                       index_timeout_s=10)
+    with pytest.raises(SnapshotError, match=r"indexed 0 of 3000 vectors .* as DISKANN in 10 s"):
         publish(disk, vectors, ids, rows, IndexSpec(type="flat"))
     assert store.current_version() == first.version and store.versions() == [first.version]
     assert [n for n in store.client.list_collections() if n.startswith("indexed_v")] == [store.collection(first.version)]
