@@ -413,6 +413,7 @@ def test_a_bare_grpc_error_from_pymilvus_is_an_outage(milvus_store, monkeypatch)
         with pytest.raises(IndexUnavailable, match=f"{name} failed: <_InactiveRpcError"):
             call()
 
+
 def test_what_a_published_version_leaves_is_read_strong_only_where_a_bounded_read_lags(milvus_store, monkeypatch):
     """A Milvus server's default read (Bounded) may miss a write of the last seconds; a Strong one waits for
     the server's time tick (200-400 ms a query on a 2.3.5 standalone). What a published version leaves (its
