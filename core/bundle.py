@@ -15,6 +15,7 @@ time with an error that names it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -199,6 +200,21 @@ def resolve_precision(manifest: BundleManifest, precision: str, gpu: bool = Fals
     if gpu:
         return "fp16" if manifest.text_fp16 is not None and manifest.text_fp16.qualifies()[0] else "fp32"
     return "int8" if manifest.text_int8 is not None and manifest.text_int8.qualifies()[0] else "fp32"
+
+
+def image_tower_digest(manifest: BundleManifest) -> str | None:
+    """What an image's vector depends on besides its pixels: the image tower's weights (their sha256),
+    its preprocessing and the output normalisation, hashed into one id. Two bundles with the same id
+    embed a photo alike, so a build may reuse the vectors of unchanged photos from a snapshot recorded
+    with it. None for a bundle without an image tower."""
+    if manifest.image is None or manifest.image_preprocess is None:
+        return None
+    weights = manifest.files.get(manifest.image.file)
+    if weights is None:
+        return None
+    parts = [weights, manifest.image.model_dump_json(exclude={"optimization"}),
+             manifest.image_preprocess.model_dump_json(), str(manifest.normalize)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
 def _referenced_files(manifest: BundleManifest) -> list[str]:

@@ -21,6 +21,7 @@ from paraseek.core.bundle import (
     BundleManifest,
     ImagePreprocess,
     TowerSpec,
+    image_tower_digest,
     read_manifest,
     resolve_precision,
 )
@@ -201,8 +202,10 @@ class Encoder:
         self.solo_threads = solo_threads if solo_threads and solo_threads != threads else None
         self._solo_session = self._session(self._text_path, solo=True) if self.solo_threads else None
         self._image_session = None
+        self.image_tower_id: str | None = None  # image_tower_digest: which vectors of earlier builds this tower reproduces
         if load_image and m.image is not None:
             self._image_session = self._session(self.path / m.image.file, image=True)
+            self.image_tower_id = image_tower_digest(m)
 
     def _load_text_tower(self, precision: str) -> None:
         m = self.manifest
@@ -297,6 +300,7 @@ class Encoder:
 
         other = copy.copy(self)
         other._image_session = self._session(Path(onnx_path), image=True)
+        other.image_tower_id = None  # a graph outside the manifest: its vectors match no earlier build's
         return other
 
     # -- text ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from paraseek.core.bundle import BundleError, read_manifest
+from paraseek.core.bundle import BundleError, image_tower_digest, read_manifest
 from paraseek.core.encoder import Encoder
 
 
@@ -75,3 +75,20 @@ def test_auto_precision_serves_int8_only_when_it_agrees_and_loses_nothing(cosine
     assert resolve_precision(manifest, "auto") == serves
     assert resolve_precision(manifest, "fp32") == "fp32" and resolve_precision(manifest, "int8") == "int8"
     assert resolve_precision(manifest.model_copy(update={"text_int8": None}), "auto") == "fp32"
+
+
+def test_image_tower_digest_names_what_an_image_vector_depends_on(tiny_clip):
+    bundle = tiny_clip[0]
+    m = read_manifest(bundle)
+    digest = image_tower_digest(m)
+    assert digest is not None and digest == image_tower_digest(m.model_copy(deep=True))
+    # the text towers, the name and the version do not change the photos' vectors
+    same = m.model_copy(update={"name": "renamed", "version": "9", "files": {**m.files, m.text.file: "0" * 64}})
+    assert image_tower_digest(same) == digest
+    other_weights = m.model_copy(update={"files": {**m.files, m.image.file: "f" * 64}})
+    other_crop = m.model_copy(update={"image_preprocess": m.image_preprocess.model_copy(update={"size": 192})})
+    unnormalised = m.model_copy(update={"normalize": not m.normalize})
+    assert len({digest, *map(image_tower_digest, (other_weights, other_crop, unnormalised))}) == 4
+    assert image_tower_digest(m.model_copy(update={"image": None})) is None
+    assert Encoder(bundle).image_tower_id == digest
+    assert Encoder(bundle, load_image=False).image_tower_id is None
