@@ -31,6 +31,7 @@ from paraseek.index.image_sources import ImageRecord, ImageSource, open_source, 
 from paraseek.index.recall import RECALL_QUERIES, measure_recall
 from paraseek.index.snapshot import FaissStore, Snapshot, publish
 from paraseek.index.store import SearchableSnapshot, SnapshotStore
+from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, Reused, file_stamp, reusable_vectors
 from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector_source
 from paraseek.index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
 
@@ -54,13 +55,14 @@ class BuildResult:
 
 
 def _decode(encoder: Encoder, root: Path, record: ImageRecord):
-    """-> (pixels, width, height) or an error string; never raises (bad files are reported)."""
+    """-> (pixels, width, height, file stamp) or an error string; never raises (bad files are reported)."""
+    stamp = file_stamp(root / record.path)  # before the read: a file changed meanwhile is stamped older
     try:
         # a tar shard's member is read in place; a file is opened by path
         source = read_member(root, record) if record.member is not None else root / record.path
         with decode_image(source) as im:
             width, height = im.size
-            return encoder.preprocess(im), width, height
+            return encoder.preprocess(im), width, height, stamp
     except ImageDecodeError as exc:
         cause = exc.__cause__
         return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
@@ -94,7 +96,7 @@ def embed_records(
     progress: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, list[ImageRecord], list[dict], list[dict]]:
-    """-> (vectors, kept records, their size info, skipped [{path, error}])."""
+    """-> (vectors, kept records, their size info and file stamps, skipped [{path, error}])."""
     workers = workers or min(8, os.cpu_count() or 2)
     vectors: list[np.ndarray] = []
     kept: list[ImageRecord] = []
@@ -118,9 +120,9 @@ def embed_records(
                 skipped.append({"path": where, "error": result})
                 log.warning("skipped %s: %s", where, result)
             else:
-                pixels, width, height = result
+                pixels, width, height, stamp = result
                 pending.append((pixels, record))
-                sizes.append({"width": width, "height": height})
+                sizes.append({"width": width, "height": height} | ({STAMP_FIELD: stamp} if stamp else {}))
                 if len(pending) == batch_size:
                     flush()
             bar.update(1)
@@ -226,6 +228,7 @@ def build_snapshot(
     on_progress: Callable[[int, int], None] | None = None,
     activate: bool = True,
     target_recall: float | None = None,
+    reuse: bool = True,
 ) -> BuildResult:
     """Index a whole source into a new snapshot version and publish it as ``current``.
 
@@ -234,7 +237,11 @@ def build_snapshot(
     recall@10 on caption queries, and record the setting and its held-out recall in the manifest.
 
     With ``activate=False`` the version is written but not made current: the caller validates it and
-    then calls the store's ``activate``."""
+    then calls the store's ``activate``.
+
+    ``reuse``: photos whose file is unchanged since the current version indexed them (same path, size
+    and modification time) keep that version's vectors when the same image tower made them
+    (``unchanged_images``); only new and changed files are encoded. False encodes every file."""
     if not encoder.has_image_tower:
         raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
     src = source if isinstance(source, ImageSource) else open_source(source, image_root)
@@ -243,22 +250,36 @@ def build_snapshot(
     version = store.begin_version()
     try:
         start = time.perf_counter()
+        reused, reused_from = _unchanged_in_current(store, encoder, src) if reuse else (Reused.none(encoder.dim), None)
+        n_reused = len(reused.positions)
+        taken = set(reused.positions.tolist())
+        if n_reused and on_progress:
+            on_progress(n_reused, len(src.records))
         vectors, kept, sizes, skipped = embed_records(
-            encoder, src.root, src.records, batch_size=batch_size, workers=workers, progress=progress,
-            on_progress=on_progress,
+            encoder, src.root, [r for i, r in enumerate(src.records) if i not in taken], batch_size=batch_size,
+            workers=workers, progress=progress,
+            on_progress=(lambda done, total: on_progress(done + n_reused, total + n_reused)) if on_progress else None,
         )
         seconds = time.perf_counter() - start
         skipped = src.rejected + skipped
-        if not kept:
+        if not kept and not n_reused:
             raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
+        encoded = len(kept)
+        if n_reused:  # back into the source's order
+            position = {id(r): i for i, r in enumerate(src.records)}
+            order = np.argsort(np.concatenate([reused.positions, [position[id(r)] for r in kept]]), kind="stable")
+            vectors = np.concatenate([reused.vectors, vectors])[order]
+            records, all_sizes = [src.records[int(p)] for p in reused.positions] + kept, reused.sizes + sizes
+            kept, sizes = [records[i] for i in order], [all_sizes[i] for i in order]
         ids = np.array([r.id for r in kept], dtype=np.int64)
         report = {
-            "images_total": len(src.records), "indexed": len(kept), "skipped": skipped,
+            "images_total": len(src.records), "indexed": len(kept), "encoded": encoded, "reused": n_reused,
+            "reused_from": reused_from if n_reused else None, "skipped": skipped,
             "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
         }
         provenance = {"kind": src.kind, "root": str(src.root.resolve()),
                       "annotations": str(src.annotations.resolve()) if src.annotations else None,
-                      "image_roots": [str(src.root.resolve())]}
+                      "image_roots": [str(src.root.resolve())], TOWER_FIELD: encoder.image_tower_id}
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
         where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate,
                                   target_recall=default_target_recall(spec, target_recall))
@@ -266,6 +287,29 @@ def build_snapshot(
         store.abort_version(version)  # nothing half-written stays behind; current untouched
         raise
     return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
+
+
+def _unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource) -> tuple[Reused, str | None]:
+    """The current version's vectors of the source's unchanged files, and that version's name (None when
+    it has none to give: no current version, another image tower, or one that cannot be read)."""
+    none = Reused.none(encoder.dim), None
+    try:
+        if encoder.image_tower_id is None or store.current_version() is None:
+            return none
+        if store.manifest().source.get(TOWER_FIELD) != encoder.image_tower_id:
+            return none  # another tower (or vectors computed elsewhere): every photo is encoded
+        stamps = [file_stamp(src.root / r.path) for r in src.records]
+        base = store.load(image_space=encoder.image_space, use_gpu=False)  # read, not searched
+    except SnapshotError as exc:  # reuse only saves time: a version that cannot be read is rebuilt from the files
+        log.warning("not reusing vectors of the current version: %s", exc)
+        return none
+    try:
+        reused = reusable_vectors(base, encoder.image_tower_id, src.root, src.records, stamps)
+    finally:
+        base.close()
+    log.info("reusing %d of %d vectors from %s (files unchanged since)", len(reused.positions), len(src.records),
+             base.manifest.version)
+    return reused, base.manifest.version
 
 
 def update_snapshot(
@@ -313,6 +357,8 @@ def update_snapshot(
         present = set(ids.tolist())
         new = [r for r in src.records if r.id not in present]
         new_vec, kept, sizes, skipped = embed_records(encoder, src.root, new, progress=progress)
+        if kept and source.get(TOWER_FIELD) != encoder.image_tower_id:
+            source[TOWER_FIELD] = None  # vectors of two towers: a later build reuses none of them
         vectors = np.concatenate([vectors, new_vec])
         ids = np.concatenate([ids, np.array([r.id for r in kept], np.int64)])
         metadata += _metadata(kept, sizes)

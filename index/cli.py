@@ -185,12 +185,17 @@ def build_cmd(
     drop_outside_paths: bool = typer.Option(False, help="With --embeddings: index rows whose image path lies outside "
                                             "the image roots without that path (their url stays), instead of refusing."),
     hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
+    reuse: bool = typer.Option(True, "--reuse/--reencode", help="Take the vectors of files unchanged since the current "
+                               "version indexed them (same path, size and modification time, same image tower) "
+                               "instead of encoding them again; --reencode encodes every file."),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
     if (source is None) == (embeddings is None):
         raise UserError("give an image source or --embeddings PATH (one of the two)")
     if query_vectors is not None and embeddings is None:
         raise UserError("--query-vectors goes with --embeddings (image builds use the captions of the images)")
+    if not reuse and embeddings is not None:
+        raise UserError("--reencode goes with an image source (precomputed vectors are never encoded)")
     if (image_root or drop_outside_paths) and embeddings is None:
         raise UserError("--image-root and --drop-outside-paths go with --embeddings (an image build serves the folder it indexes)")
     spec = index_spec(index_type, params)
@@ -219,7 +224,7 @@ def build_cmd(
         bank = serving_hub_bank(hub_table, encoder.image_space)
         result = build_snapshot(
             source, encoder, store, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
-            target_recall=target_recall, activate=bank is None,
+            target_recall=target_recall, activate=bank is None, reuse=reuse,
         )
         unit = "images"
     m = result.manifest
@@ -230,6 +235,10 @@ def build_cmd(
         soft_wrap=True,
     )
     console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
+    if result.report.get("reused"):
+        r = result.report
+        console.print(f"{r['reused']} vectors reused from {r['reused_from']} (files unchanged), {r['encoded']} images encoded",
+                      soft_wrap=True, highlight=False)
     if "peak_private_mb" in result.report:
         r = result.report
         console.print(f"peak memory {r['peak_rss_mb'] / 1024:.2f} GB resident, {r['peak_private_mb'] / 1024:.2f} GB of it "

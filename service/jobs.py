@@ -118,7 +118,7 @@ class JobManager:
             result = build_snapshot(
                 source, encoder, store, spec=spec, progress=False,
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
-                activate=False,
+                activate=False, reuse=req.reuse,
             )
             active = Active(encoder, load_snapshot(store, encoder.image_space, settings, result.manifest.version),
                             first_answer_for(current, encoder))

@@ -329,6 +329,8 @@ class ReindexRequest(StrictModel):
     bundle: ServerPath | None = Field(None, description="bundle directory (default: the serving bundle)")
     index_type: IndexType = "auto"
     index_params: dict = Field(default_factory=dict)
+    reuse: bool = Field(True, description="take the serving version's vectors of files unchanged since it indexed them "
+                        "(same path, size and modification time, same image tower); false encodes every file")
 
 
 class ReloadRequest(StrictModel):

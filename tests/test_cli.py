@@ -33,7 +33,10 @@ def test_index_build_and_search_json(home, shared_data, tmp_path):
     r = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
                             "--type", "hnsw", "--params", '{"ef_search": 64}'])
     assert r.exit_code == 0, r.output
-    assert "159 images" in r.output and "recall@10" in r.output
+    assert "159 images" in r.output and "recall@10" in r.output and "reused" not in r.output
+    again = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "159 vectors reused from" in again.output and "0 images encoded" in again.output  # the photos are unchanged
     r = runner.invoke(app, ["index", "search", "two giraffes", "--snapshot", str(out), "-k", "4", "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.output)
@@ -56,6 +59,7 @@ def test_models_info_verifies(home):
         (["index", "build", "pyproject.toml"], "neither an image folder"),
         (["index", "search", "   "], "empty"),
         (["index", "build", ".", "--type", "kdtree"], "type"),
+        (["index", "build", "--embeddings", "v.npy", "--reencode"], "--reencode goes with an image source"),
     ],
 )
 def test_bad_input_gives_message_and_exit_2(home, args, message):

@@ -1,6 +1,7 @@
 """Admin routes: token guard, reindex jobs (success swaps, failure keeps the old snapshot), reload, activate
 (rollback)."""
 
+import shutil
 import time
 
 import pytest
@@ -53,6 +54,31 @@ def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data
         assert after["index"]["type"] == "hnsw" and after["recall_at_10"] >= 0.9
         assert (snapshot_copy / "current").read_text().strip() == after["version"]
         assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == after["version"]
+
+
+def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_settings, snapshot_copy, shared_data, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    photos = sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))
+    for p in photos[:3]:
+        shutil.copy(p, root / p.name)
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        def reindex(**extra):
+            job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(root), **extra}, headers=AUTH).json()["id"])
+            assert job["state"] == "succeeded", job
+            return job
+
+        first = reindex()
+        assert first["report"]["encoded"] == 3 and first["report"]["reused"] == 0  # the demo's photos are other files
+        shutil.copy(photos[3], root / "added.jpg")
+        second = reindex()
+        assert second["report"]["reused"] == 3 and second["report"]["encoded"] == 1
+        assert second["report"]["reused_from"] == first["snapshot_version"] and second["progress"]["done"] == 4
+        assert c.get("/v1/info").json()["snapshot"]["version"] == second["snapshot_version"]
+        third = reindex(reuse=False)
+        assert third["report"]["reused"] == 0 and third["report"]["encoded"] == 4
+        assert c.post("/v1/admin/reindex", json={"source": str(root), "reuse": "sometimes"},
+                      headers=AUTH).status_code == 422
 
 
 def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
@@ -188,8 +214,6 @@ def test_symlink_out_of_the_root_is_not_indexed_or_served(make_settings, snapsho
     root = tmp_path / "root"
     root.mkdir()
     photos = sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))
-    import shutil
-
     shutil.copy(photos[0], root / "inside.jpg")
     outside = tmp_path / "secret.jpg"
     shutil.copy(photos[1], outside)
@@ -224,8 +248,6 @@ def test_every_member_of_a_shard_pattern_is_checked(make_settings, snapshot_copy
 def test_the_job_reads_the_resolved_source_and_checks_it_again(make_settings, snapshot_copy, tmp_path, shared_data):
     """The route resolves the source once and the job gets that path; when the job opens it, it must
     still lie inside the root, so a link swapped in after the request was checked is refused."""
-    import shutil
-
     from paraseek.index.image_sources import ImageSourceError, open_source
 
     root = tmp_path / "root"

@@ -1,0 +1,166 @@
+"""A rebuild encodes only new and changed photos; unchanged ones keep the current version's vectors."""
+
+import copy
+import io
+import os
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+
+from paraseek.core.encoder import Encoder
+from paraseek.index.builder import build_snapshot, update_snapshot
+from paraseek.index.snapshot import FaissStore
+from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp
+
+BOTH_BACKENDS = True
+
+
+def test_file_stamp_changes_with_a_rewrite_and_is_none_for_a_missing_file(tmp_path):
+    f = tmp_path / "a.jpg"
+    f.write_bytes(b"abc")
+    first = file_stamp(f)
+    assert first is not None and first[0] == 3
+    assert file_stamp(f) == first  # reading a file leaves it unchanged
+    os.utime(f, ns=(first[1] + 10**9, first[1] + 10**9))  # same bytes, rewritten later (e.g. restored from a backup)
+    assert file_stamp(f) != first
+    assert file_stamp(tmp_path / "missing.jpg") is None
+
+
+@pytest.fixture()
+def photos(shared_data, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[:6]:
+        shutil.copy(p, folder / p.name)
+    return folder
+
+
+@pytest.fixture()
+def counted_encodes(monkeypatch) -> list[int]:
+    """Photos encoded, per call of the image tower."""
+    calls: list[int] = []
+    real = Encoder.encode_pixels
+
+    def counting(self, pixels):
+        calls.append(len(pixels))
+        return real(self, pixels)
+
+    monkeypatch.setattr(Encoder, "encode_pixels", counting)
+    return calls
+
+
+def store_for(backend, tmp_path, request):
+    return FaissStore(tmp_path / "snap") if backend == "faiss" else request.getfixturevalue("milvus_store")
+
+
+def vectors_by_id(store) -> dict[int, np.ndarray]:
+    snap = store.load(use_gpu=False)
+    try:
+        ids, vectors, _ = snap.contents()
+        return {int(i): np.asarray(v) for i, v in zip(ids, vectors)}
+    finally:
+        snap.close()
+
+
+def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_encoder, counted_encodes, shared_data,
+                                                       tmp_path, request):
+    store = store_for(backend, tmp_path, request)
+    first = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert sum(counted_encodes) == 6 and first.report["reused"] == 0 and first.report["encoded"] == 6
+    assert first.manifest.source[TOWER_FIELD] == starter_encoder.image_tower_id
+    before = vectors_by_id(store)
+
+    counted_encodes.clear()
+    again = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert counted_encodes == [] and again.report["reused"] == 6 and again.report["reused_from"] == first.manifest.version
+    assert again.report["encoded"] == 0
+    assert again.manifest.count == 6 and again.manifest.parent is None
+    assert {i: v.tobytes() for i, v in vectors_by_id(store).items()} == {i: v.tobytes() for i, v in before.items()}
+
+    names = sorted(p.name for p in photos.iterdir())
+    others = sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[6:8]
+    shutil.copy(others[0], photos / names[0])  # a photo replaced under the same name
+    (photos / names[1]).unlink()  # one removed
+    shutil.copy(others[1], photos / "new.jpg")  # one added
+    counted_encodes.clear()
+    progress: list[tuple[int, int]] = []
+    third = build_snapshot(photos, starter_encoder, store, progress=False, on_progress=lambda d, t: progress.append((d, t)))
+    assert sum(counted_encodes) == 2 and third.report["reused"] == 4 and third.report["encoded"] == 2
+    assert progress[-1] == (6, 6)  # the reused photos count as done
+    after = vectors_by_id(store)
+    assert len(after) == 6
+    # every vector is what encoding the folder from scratch gives: the reused ones and the new ones
+    fresh = build_snapshot(photos, starter_encoder, FaissStore(tmp_path / "fresh"), progress=False, reuse=False)
+    expected = vectors_by_id(FaissStore(tmp_path / "fresh"))
+    assert fresh.report["reused"] == 0 and set(after) == set(expected)
+    for image_id, vector in expected.items():
+        np.testing.assert_allclose(after[image_id], vector, atol=1e-5)
+    # metadata rows carry the stamp the next build compares, and the photo's size
+    snap = store.load(use_gpu=False)
+    try:
+        rows = snap.metadata_of(list(after))
+        assert all(row[STAMP_FIELD] == file_stamp(photos / row["path"]) and row["width"] > 0 for row in rows.values())
+    finally:
+        snap.close()
+
+
+def test_no_reuse_across_image_towers_or_when_asked_not_to(photos, starter_encoder, counted_encodes, tmp_path):
+    root = tmp_path / "snap"
+    build_snapshot(photos, starter_encoder, root, progress=False)
+    counted_encodes.clear()
+    assert build_snapshot(photos, starter_encoder, root, progress=False, reuse=False).report["reused"] == 0
+    assert sum(counted_encodes) == 6
+
+    retrained = copy.copy(starter_encoder)
+    retrained.image_tower_id = "another-image-tower"  # what another bundle's tower (weights, preprocessing) gives
+    counted_encodes.clear()
+    other = build_snapshot(photos, retrained, root, progress=False)
+    assert other.report["reused"] == 0 and sum(counted_encodes) == 6
+    assert other.manifest.source[TOWER_FIELD] == "another-image-tower"
+
+    unknown = starter_encoder.with_image_model(starter_encoder.path / starter_encoder.manifest.image.file)
+    assert unknown.image_tower_id is None  # a graph the manifest does not describe: never trusted
+    counted_encodes.clear()
+    assert build_snapshot(photos, unknown, root, progress=False).report["reused"] == 0 and sum(counted_encodes) == 6
+
+
+def test_an_update_with_another_tower_leaves_nothing_to_reuse(photos, starter_encoder, shared_data, counted_encodes,
+                                                              tmp_path):
+    root = tmp_path / "snap"
+    build_snapshot(photos, starter_encoder, root, progress=False)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    shutil.copy(sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[10], extra / "x.jpg")
+    retrained = copy.copy(starter_encoder)
+    retrained.image_tower_id = "another-image-tower"
+    mixed = update_snapshot(root, retrained, add=extra, progress=False)
+    assert mixed.manifest.source[TOWER_FIELD] is None  # two towers' vectors in one version
+    counted_encodes.clear()
+    assert build_snapshot(photos, starter_encoder, root, progress=False).report["reused"] == 0
+    assert sum(counted_encodes) == 6
+
+
+def test_photos_in_tar_shards_are_reused_until_their_shard_changes(photos, starter_encoder, counted_encodes, tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+
+    def write_shard(name, files, first_key):
+        with tarfile.open(shards / name, "w") as tar:
+            for i, p in enumerate(files):
+                data = p.read_bytes()
+                info = tarfile.TarInfo(f"{first_key + i:05d}.jpg")  # numeric keys are the images' ids
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    files = sorted(photos.iterdir())
+    write_shard("a.tar", files[:3], 0)
+    write_shard("b.tar", files[3:], 3)
+    root = tmp_path / "snap"
+    assert build_snapshot(shards, starter_encoder, root, progress=False).manifest.count == 6
+    counted_encodes.clear()
+    write_shard("b.tar", files[3:][::-1], 3)  # shard b rewritten: its members moved
+    os.utime(shards / "b.tar", ns=(1, 1))  # whatever its time, its stamp differs from the one recorded
+    again = build_snapshot(shards, starter_encoder, root, progress=False)
+    assert again.report["reused"] == 3 and sum(counted_encodes) == 3
