@@ -1,0 +1,103 @@
+"""A reindex that encodes every photo against one that reuses the vectors of unchanged photos, one run, medians.
+
+The collection is the COCO-mini photos (val and train, 239) copied into a folder and indexed once. Each
+round then changes ``--changed`` of the photos (their files rewritten: new modification times) and
+adds nothing, and times two builds of the folder side by side, alternating which goes first: one with
+``reuse=False`` (every photo encoded, what a reindex cost before) and one as a reindex runs by default
+(the current version's vectors for unchanged files). Both publish a version into their own store. The
+ratio is the reused build's speed-up; the vectors of both builds are compared to show they agree.
+
+    python -m paraseek.loadtests.bench_reindex [--data ../shared/data] [--bundle DIR] [--changed 0.05] [--rounds 3]
+
+Without ``--bundle`` the starter is built as shipped (its whole photo and 3 x 3 crops: torch needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from paraseek.core.encoder import Encoder
+from paraseek.index.builder import build_snapshot
+from paraseek.index.snapshot import FaissStore
+from paraseek.loadtests.bench_index import DEFAULT_DATA
+
+
+def copy_photos(data: Path, folder: Path, limit: int | None) -> list[Path]:
+    photos = sorted((data / "coco-mini" / "val2017").glob("*.jpg")) + sorted((data / "coco-mini" / "train2017").glob("*.jpg"))
+    folder.mkdir(parents=True)
+    copies = []
+    for p in photos[:limit]:
+        shutil.copy(p, folder / p.name)
+        copies.append(folder / p.name)
+    return copies
+
+
+def vectors(store: FaissStore) -> dict[int, np.ndarray]:
+    snap = store.load(use_gpu=False)
+    ids, vecs, _ = snap.contents()
+    return {int(i): np.asarray(v) for i, v in zip(ids, vecs)}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--bundle", type=Path, default=None, help="bundle with an image tower (default: the starter as shipped)")
+    p.add_argument("--changed", type=float, default=0.05, help="share of the photos rewritten before each round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--photos", type=int, default=None, help="index only the first N photos")
+    args = p.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="paraseek-bench-reindex-"))
+    try:
+        bundle = args.bundle
+        if bundle is None:
+            from paraseek.training.export.starter import build_starter  # torch, lazily: only without --bundle
+
+            bundle = tmp / "starter"
+            build_starter(bundle, int8=False)
+        encoder = Encoder(bundle)
+        photos = copy_photos(args.data, tmp / "photos", args.photos)
+        stores = {"encode all": FaissStore(tmp / "all"), "reuse unchanged": FaissStore(tmp / "reuse")}
+        for store in stores.values():
+            build_snapshot(tmp / "photos", encoder, store, progress=False)
+        rng = np.random.default_rng(0)
+        n_changed = max(1, round(args.changed * len(photos)))
+        seconds: dict[str, list[float]] = {name: [] for name in stores}
+        encoded: dict[str, list[int]] = {name: [] for name in stores}
+        for r in range(args.rounds):
+            for i in rng.choice(len(photos), n_changed, replace=False):
+                photos[i].write_bytes(photos[i].read_bytes())  # rewritten in place: same pixels, new time
+                later = time.time_ns() + 10**9 * (r + 1)  # the stamp moves even on a coarse file-system clock
+                os.utime(photos[i], ns=(later, later))
+            order = list(stores) if r % 2 == 0 else list(stores)[::-1]
+            for name in order:
+                t0 = time.perf_counter()
+                result = build_snapshot(tmp / "photos", encoder, stores[name], progress=False, reuse=name == "reuse unchanged")
+                seconds[name].append(time.perf_counter() - t0)
+                encoded[name].append(result.report["encoded"])
+        a, b = vectors(stores["encode all"]), vectors(stores["reuse unchanged"])
+        worst = max(float(np.abs(a[i] - b[i]).max()) for i in a) if set(a) == set(b) else float("inf")
+        median = {name: statistics.median(s) for name, s in seconds.items()}
+        print(f"reindex of {len(photos)} photos with {n_changed} rewritten ({args.changed:.0%}) before each of {args.rounds} "
+              f"rounds, bundle {encoder.name}; medians")
+        print(f"{'build':16} {'seconds':>8} {'encoded':>8}")
+        for name in stores:
+            print(f"{name:16} {median[name]:8.2f} {statistics.median(encoded[name]):8.0f}")
+        speedup = median["encode all"] / median["reuse unchanged"]
+        print(f"reuse unchanged / encode all: {speedup:.1f}x faster; largest difference between their vectors {worst:.2e}")
+        return {"seconds": median, "encoded": {k: statistics.median(v) for k, v in encoded.items()}, "speedup": speedup,
+                "max_abs_difference": worst, "photos": len(photos), "changed": n_changed}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
