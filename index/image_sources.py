@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,16 +67,40 @@ def resolve_within(path: str | Path, roots: Sequence[str | Path]) -> Path | None
         return None
 
 
-def _inside(root: Path, relative: str) -> bool:
-    return resolve_within(root / relative, [root]) is not None
-
-
 def _confine(src: ImageSource, follow_symlinks: bool) -> ImageSource:
     if follow_symlinks:
         return src
+    try:
+        real_root = src.root.resolve()
+    except (OSError, RuntimeError):
+        real_root = None
+    inside: dict[str, bool] = {}  # the members of one tar shard share its path: checked once
+    real_dirs: dict[str, str] = {}  # each folder's links resolved once, not once per file in it
+
+    def real_path(path: str) -> str:
+        folder, name = os.path.split(path)
+        try:
+            link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:  # missing: resolved as a name, and reported when it is read
+            link = True
+        if link or name in ("", ".", ".."):
+            return os.path.realpath(path)
+        if folder not in real_dirs:
+            real_dirs[folder] = os.path.realpath(folder)
+        return os.path.join(real_dirs[folder], name)
+
+    def check(relative: str) -> bool:
+        try:
+            return real_root is not None and Path(real_path(os.path.join(src.root, relative))).is_relative_to(real_root)
+        except (OSError, RuntimeError, ValueError):
+            return False
+
     kept = []
     for rec in src.records:
-        if _inside(src.root, rec.path):
+        ok = inside.get(rec.path)
+        if ok is None:
+            ok = inside[rec.path] = check(rec.path)
+        if ok:
             kept.append(rec)
         else:
             src.rejected.append({"path": rec.path, "error": OUTSIDE})

@@ -1,0 +1,49 @@
+"""What an image source lets into an index: files whose real location is inside its folder."""
+
+import json
+
+import pytest
+
+from paraseek.index.image_sources import OUTSIDE, open_source
+
+
+@pytest.fixture()
+def tree(tmp_path):
+    """photos/ with a plain file, links to files and folders inside and outside it; secret/ beside it."""
+    photos, secret = tmp_path / "photos", tmp_path / "secret"
+    (photos / "sub").mkdir(parents=True)
+    secret.mkdir()
+    (photos / "plain.jpg").write_bytes(b"1")
+    (photos / "sub" / "deep.jpg").write_bytes(b"2")
+    (secret / "host.jpg").write_bytes(b"3")
+    (photos / "to-inside.jpg").symlink_to(photos / "sub" / "deep.jpg")
+    (photos / "to-outside.jpg").symlink_to(secret / "host.jpg")
+    (photos / "sub" / "relative-out.jpg").symlink_to("../../secret/host.jpg")
+    (photos / "sub-again").symlink_to(photos / "sub", target_is_directory=True)
+    (photos / "sub" / "outdir").symlink_to(secret, target_is_directory=True)
+    return photos
+
+
+def test_a_folder_keeps_files_inside_it_and_refuses_links_out(tree):
+    src = open_source(tree)
+    kept = {r.path for r in src.records}
+    refused = {r["path"] for r in src.rejected}
+    assert {"plain.jpg", "sub/deep.jpg", "to-inside.jpg"} <= kept
+    assert {"to-outside.jpg", "sub/relative-out.jpg"} <= refused
+    # whatever a folder walk finds through links to folders: inside stays, outside is refused
+    assert not any(path.startswith("sub/outdir/") for path in kept)
+    assert all(r["error"] == OUTSIDE for r in src.rejected)
+    assert not kept & refused
+    followed = open_source(tree, follow_symlinks=True)
+    assert {"to-outside.jpg", "sub/relative-out.jpg"} <= {r.path for r in followed.records} and not followed.rejected
+
+
+def test_coco_names_that_climb_out_are_refused_and_missing_files_kept_for_the_decoder_to_report(tree):
+    annotations = tree.parent / "captions.json"
+    names = ["plain.jpg", "../secret/host.jpg", "sub/../../secret/host.jpg", "sub/outdir/host.jpg", "missing.jpg",
+             "sub-again/deep.jpg"]
+    annotations.write_text(json.dumps({"images": [{"id": i + 1, "file_name": n} for i, n in enumerate(names)],
+                                       "annotations": []}))
+    src = open_source(annotations, image_root=tree)
+    assert [r.path for r in src.records] == ["plain.jpg", "missing.jpg", "sub-again/deep.jpg"]
+    assert [r["path"] for r in src.rejected] == ["../secret/host.jpg", "sub/../../secret/host.jpg", "sub/outdir/host.jpg"]
