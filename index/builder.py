@@ -250,7 +250,7 @@ def build_snapshot(
     version = store.begin_version()
     try:
         start = time.perf_counter()
-        reused, reused_from = _unchanged_in_current(store, encoder, src) if reuse else (Reused.none(encoder.dim), None)
+        reused, reused_from = unchanged_in_current(store, encoder, src) if reuse else (Reused.none(encoder.dim), None)
         n_reused = len(reused.positions)
         taken = set(reused.positions.tolist())
         if n_reused and on_progress:
@@ -289,7 +289,7 @@ def build_snapshot(
     return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
 
 
-def _unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource) -> tuple[Reused, str | None]:
+def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource) -> tuple[Reused, str | None]:
     """The current version's vectors of the source's unchanged files, and that version's name (None when
     it has none to give: no current version, another image tower, or one that cannot be read)."""
     none = Reused.none(encoder.dim), None

@@ -8,8 +8,12 @@ adds nothing, and times two builds of the folder side by side, alternating which
 ratio is the reused build's speed-up; the vectors of both builds are compared to show they agree.
 
     python -m paraseek.loadtests.bench_reindex [--data ../shared/data] [--bundle DIR] [--changed 0.05] [--rounds 3]
+        [--files 100000]
 
 Without ``--bundle`` the starter is built as shipped (its whole photo and 3 x 3 crops: torch needed).
+With ``--files N`` it also times what a rebuild of a folder of N unchanged files spends before encoding
+anything: listing and confining the folder, and finding every file's vector in the current version (a
+version of placeholder files and random vectors, written as a build of them would write it).
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from paraseek.core.encoder import Encoder
-from paraseek.index.builder import build_snapshot
+from paraseek.index.builder import build_snapshot, bundle_ref, unchanged_in_current
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
+from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp
+from paraseek.index.versions import VersionDraft
 from paraseek.loadtests.bench_index import DEFAULT_DATA
 
 
@@ -46,6 +54,34 @@ def vectors(store: FaissStore) -> dict[int, np.ndarray]:
     return {int(i): np.asarray(v) for i, v in zip(ids, vecs)}
 
 
+def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple[float, float]:
+    """Median seconds to open a folder of ``n`` unchanged files as a source, and then to find their vectors."""
+    for i in range(n):
+        path = folder / f"{i // 1000:04d}" / f"{i:08d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"placeholder")
+    src = open_source(folder)
+    vecs = np.random.default_rng(0).standard_normal((n, encoder.dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    rows = [{"id": r.id, "path": r.path, "width": 640, "height": 480, STAMP_FIELD: file_stamp(src.root / r.path)}
+            for r in src.records]
+    store = FaissStore(folder.parent / "lookup-snap")
+    root = str(folder.resolve())
+    draft = VersionDraft(store.begin_version(), vecs, np.array([r.id for r in src.records], np.int64), rows,
+                         {"kind": "folder", "root": root, "image_roots": [root], TOWER_FIELD: encoder.image_tower_id}, {})
+    store.write_version(draft, bundle_ref(encoder), IndexSpec(type="flat"), queries=vecs[:10], query_source="a sample")
+    opened, found = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        src = open_source(folder)
+        t1 = time.perf_counter()
+        reused, _ = unchanged_in_current(store, encoder, src)
+        found.append(time.perf_counter() - t1)
+        opened.append(t1 - t0)
+        assert len(reused.positions) == n, "every unchanged file's vector is found"
+    return statistics.median(opened), statistics.median(found)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -53,6 +89,7 @@ def main(argv=None) -> dict:
     p.add_argument("--changed", type=float, default=0.05, help="share of the photos rewritten before each round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--photos", type=int, default=None, help="index only the first N photos")
+    p.add_argument("--files", type=int, default=0, help="also time finding the vectors of N unchanged files")
     args = p.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="paraseek-bench-reindex-"))
@@ -80,9 +117,9 @@ def main(argv=None) -> dict:
             order = list(stores) if r % 2 == 0 else list(stores)[::-1]
             for name in order:
                 t0 = time.perf_counter()
-                result = build_snapshot(tmp / "photos", encoder, stores[name], progress=False, reuse=name == "reuse unchanged")
+                built = build_snapshot(tmp / "photos", encoder, stores[name], progress=False, reuse=name == "reuse unchanged")
                 seconds[name].append(time.perf_counter() - t0)
-                encoded[name].append(result.report["encoded"])
+                encoded[name].append(built.report["encoded"])
         a, b = vectors(stores["encode all"]), vectors(stores["reuse unchanged"])
         worst = max(float(np.abs(a[i] - b[i]).max()) for i in a) if set(a) == set(b) else float("inf")
         median = {name: statistics.median(s) for name, s in seconds.items()}
@@ -93,8 +130,14 @@ def main(argv=None) -> dict:
             print(f"{name:16} {median[name]:8.2f} {statistics.median(encoded[name]):8.0f}")
         speedup = median["encode all"] / median["reuse unchanged"]
         print(f"reuse unchanged / encode all: {speedup:.1f}x faster; largest difference between their vectors {worst:.2e}")
-        return {"seconds": median, "encoded": {k: statistics.median(v) for k, v in encoded.items()}, "speedup": speedup,
-                "max_abs_difference": worst, "photos": len(photos), "changed": n_changed}
+        result: dict = {"seconds": median, "encoded": {k: statistics.median(v) for k, v in encoded.items()}, "speedup": speedup,
+                  "max_abs_difference": worst, "photos": len(photos), "changed": n_changed}
+        if args.files:
+            opened, found = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
+            print(f"a rebuild of {args.files} unchanged files before encoding anything: {opened:.2f} s listing and confining "
+                  f"the folder, {found:.2f} s finding their vectors ({(opened + found) / args.files * 1e6:.0f} us a file)")
+            result["lookup"] = {"files": args.files, "open_s": opened, "find_s": found}
+        return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
