@@ -138,6 +138,8 @@ class JobManager:
             if pruned:
                 log.info("pruned old snapshot versions %s", pruned)
             engine.metrics.reindex.labels("succeeded").inc()
+            for how in ("encoded", "reused"):
+                engine.metrics.reindex_images.labels(how).inc(report.get(how, 0))
             self._update(job_id, state="succeeded", finished_at=_now(), report=report,
                          snapshot_version=result.manifest.version)
             log.info("reindex %s: now serving snapshot %s", job_id, result.manifest.version)

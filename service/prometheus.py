@@ -29,6 +29,9 @@ class ServiceMetrics:
                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.index_size = Gauge("paraseek_index_vectors", "Vectors in the serving snapshot", registry=r)
         self.reindex = Counter("paraseek_reindex_total", "Reindex jobs", ["result"], registry=r)
+        self.reindex_images = Counter("paraseek_reindex_images_total", "Images indexed by successful reindexes: encoded "
+                                      "by the image tower, or reused (their files unchanged since the version built from)",
+                                      ["how"], registry=r)
         self.shed = Counter("paraseek_shed_total", "Requests refused with 503 to keep the others' latency",
                             ["reason"], registry=r)  # in_flight, queue, deadline
         self.in_flight = Gauge("paraseek_requests_in_flight", "Requests being answered", registry=r)
@@ -61,6 +64,8 @@ class ServiceMetrics:
                 self.cache.labels(cache, result)
         for result in ("succeeded", "failed"):
             self.reindex.labels(result)
+        for how in ("encoded", "reused"):
+            self.reindex_images.labels(how)
         for reason in ("in_flight", "queue", "deadline"):
             self.shed.labels(reason)
         for stable in ("true", "false"):

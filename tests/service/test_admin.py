@@ -6,6 +6,7 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from paraseek.service.main import create_app
 from tests.service.conftest import ADMIN_TOKEN
@@ -77,6 +78,10 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         assert c.get("/v1/info").json()["snapshot"]["version"] == second["snapshot_version"]
         third = reindex(reuse=False)
         assert third["report"]["reused"] == 0 and third["report"]["encoded"] == 4
+        # operators see the work reindexes did (the dashboard's "Reindexed images" panel)
+        images = {s.labels["how"]: s.value for f in text_string_to_metric_families(c.get("/metrics").text)
+                  for s in f.samples if s.name == "paraseek_reindex_images_total"}
+        assert images == {"encoded": 3 + 1 + 4, "reused": 3}
         assert c.post("/v1/admin/reindex", json={"source": str(root), "reuse": "sometimes"},
                       headers=AUTH).status_code == 422
 
