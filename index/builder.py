@@ -305,6 +305,9 @@ def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSourc
         return none
     try:
         reused = reusable_vectors(base, encoder.image_tower_id, src.root, src.records, stamps)
+    except (OSError, SnapshotError) as exc:  # e.g. the version pruned by another process while it was read
+        log.warning("not reusing vectors of %s: %s", base.manifest.version, exc)
+        return none
     finally:
         base.close()
     log.info("reusing %d of %d vectors from %s (files unchanged since)", len(reused.positions), len(src.records),

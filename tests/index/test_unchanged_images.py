@@ -164,3 +164,17 @@ def test_photos_in_tar_shards_are_reused_until_their_shard_changes(photos, start
     os.utime(shards / "b.tar", ns=(1, 1))  # whatever its time, its stamp differs from the one recorded
     again = build_snapshot(shards, starter_encoder, root, progress=False)
     assert again.report["reused"] == 3 and sum(counted_encodes) == 3
+
+
+def test_a_current_version_that_fails_its_checksums_is_not_reused_and_the_build_goes_on(photos, starter_encoder,
+                                                                                        counted_encodes, tmp_path, caplog):
+    root = tmp_path / "snap"
+    first = build_snapshot(photos, starter_encoder, root, progress=False)
+    vectors = first.version_dir / "vectors.npy"
+    data = bytearray(vectors.read_bytes())
+    data[-1] ^= 0xFF  # one vector altered on disk
+    vectors.write_bytes(bytes(data))
+    counted_encodes.clear()
+    rebuilt = build_snapshot(photos, starter_encoder, root, progress=False)
+    assert rebuilt.report["reused"] == 0 and sum(counted_encodes) == 6  # encoded from the files instead
+    assert "not reusing vectors of the current version" in caplog.text and "vectors.npy" in caplog.text
