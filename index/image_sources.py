@@ -108,14 +108,31 @@ def _confine(src: ImageSource, follow_symlinks: bool) -> ImageSource:
     return src
 
 
+SIDECAR_SUFFIXES = {".json", ".md", ".txt", ".tsv", ".csv"}
+
+
+def _folder_files(root: Path) -> list[str]:
+    """Paths of the files under ``root`` relative to it, in path order; hidden files left out. Links to
+    files are listed (``_confine`` checks where they lead); links to folders are not entered."""
+    found: list[str] = []
+    pending = [(str(root), "")]
+    while pending:
+        folder, prefix = pending.pop()
+        with os.scandir(folder) as entries:  # the entries' types come with the listing: no stat per file
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, f"{prefix}{entry.name}/"))
+                elif not entry.name.startswith(".") and entry.is_file():
+                    found.append(prefix + entry.name)
+    return sorted(found, key=lambda rel: rel.split("/"))
+
+
 def _folder(root: Path) -> ImageSource:
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
     records = []
-    for p in files:
-        rel = p.relative_to(root).as_posix()
+    for rel in _folder_files(root):
         # Non-image extensions are still handed to the decoder (and reported if undecodable), except
         # obvious sidecar files.
-        if p.suffix.lower() in {".json", ".md", ".txt", ".tsv", ".csv"}:
+        if os.path.splitext(rel)[1].lower() in SIDECAR_SUFFIXES:
             continue
         records.append(ImageRecord(id=path_id(rel), path=rel))
     return ImageSource(root=root, records=records, kind="folder")

@@ -47,3 +47,15 @@ def test_coco_names_that_climb_out_are_refused_and_missing_files_kept_for_the_de
     src = open_source(annotations, image_root=tree)
     assert [r.path for r in src.records] == ["plain.jpg", "missing.jpg", "sub-again/deep.jpg"]
     assert [r["path"] for r in src.rejected] == ["../secret/host.jpg", "sub/../../secret/host.jpg", "sub/outdir/host.jpg"]
+
+
+def test_a_folder_lists_its_files_in_path_order_without_hidden_files_or_sidecars(tmp_path):
+    for rel in ["b.jpg", "a-b/x.jpg", "a/x.jpg", "a/z/y.png", ".hidden.jpg", ".cache/c.jpg", "a/notes.txt",
+                "a/meta.JSON", "odd.bin"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    (tmp_path / "a" / "dead-link.jpg").symlink_to(tmp_path / "gone.jpg")
+    src = open_source(tmp_path)
+    # folders before the names that extend them ("a/" before "a-b/"), as sorting the path parts gives;
+    # a file in a hidden folder is listed, a hidden file is not; other extensions go to the decoder
+    assert [r.path for r in src.records] == [".cache/c.jpg", "a/x.jpg", "a/z/y.png", "a-b/x.jpg", "b.jpg", "odd.bin"]
