@@ -298,7 +298,8 @@ def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSourc
             return none
         if store.manifest().source.get(TOWER_FIELD) != encoder.image_tower_id:
             return none  # another tower (or vectors computed elsewhere): every photo is encoded
-        stamps = [file_stamp(src.root / r.path) for r in src.records]
+        root = str(src.root)
+        stamps = [file_stamp(os.path.join(root, r.path)) for r in src.records]
         base = store.load(image_space=encoder.image_space, use_gpu=False)  # read, not searched
     except SnapshotError as exc:  # reuse only saves time: a version that cannot be read is rebuilt from the files
         log.warning("not reusing vectors of the current version: %s", exc)

@@ -33,9 +33,10 @@ def file_stamp(path: str | os.PathLike) -> list[int] | None:
     return [int(st.st_size), int(st.st_mtime_ns)]
 
 
-def _key(root: Path, path: str, member: str | None, offset: int | None) -> tuple[str, str | None, int | None]:
-    # a relative path is recorded under the source's root; an update from another folder records absolute ones
-    return os.path.normpath(os.path.join(root, path)), member, offset
+def _key(root: str, path: str, member: str | None, offset: int | None) -> tuple[str, str | None, int | None]:
+    # a relative path is recorded under the source's root, an update from another folder records absolute
+    # ones; not normalised: two spellings of one file (a/./b) only miss, and the file is encoded again
+    return path if path.startswith("/") else f"{root}/{path}", member, offset
 
 
 @dataclass
@@ -61,20 +62,27 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
     recorded = base.manifest.source.get(TOWER_FIELD)
     if tower_id is None or recorded != tower_id or not base.image_roots:
         return Reused.none(dim)
-    root = root.resolve()
-    wanted = {_key(root, r.path, r.member, r.offset): i for i, r in enumerate(records) if stamps[i] is not None}
-    base_root = base.image_roots[0]
-    found: dict[int, tuple[np.ndarray, dict]] = {}
+    real_root = str(root.resolve())
+    wanted = {_key(real_root, r.path, r.member, r.offset): i for i, r in enumerate(records) if stamps[i] is not None}
+    base_root = str(base.image_roots[0])
+    positions: list[int] = []
+    parts: list[np.ndarray] = []
+    sizes: dict[int, dict] = {}
     for _ids, vectors, rows in base.iter_contents():
-        for vector, row in zip(vectors, rows):
+        hits = []  # rows of this chunk whose vector is taken
+        for j, row in enumerate(rows):
             stamp = row.get(STAMP_FIELD)
             if stamp is None or not row.get("path"):
                 continue
             at = wanted.get(_key(base_root, str(row["path"]), row.get("member"), row.get("offset")))
-            if at is not None and list(stamp) == stamps[at]:
-                sizes = {k: row[k] for k in ("width", "height") if k in row}
-                found[at] = (np.array(vector, np.float32), sizes | {STAMP_FIELD: stamps[at]})
-    if not found:
+            if at is not None and at not in sizes and list(stamp) == stamps[at]:
+                sizes[at] = {k: row[k] for k in ("width", "height") if k in row} | {STAMP_FIELD: stamps[at]}
+                positions.append(at)
+                hits.append(j)
+        if hits:
+            parts.append(np.asarray(vectors[hits], np.float32))  # one gather a chunk, not a copy a row
+    if not positions:
         return Reused.none(dim)
-    positions = np.array(sorted(found), np.int64)
-    return Reused(positions, np.stack([found[int(p)][0] for p in positions]), [found[int(p)][1] for p in positions])
+    order = np.argsort(positions, kind="stable")
+    ordered = np.asarray(positions, np.int64)[order]
+    return Reused(ordered, np.concatenate(parts)[order], [sizes[int(p)] for p in ordered])
