@@ -330,7 +330,7 @@ class MilvusStore(SnapshotStore):
         except self.errors as exc:
             log.warning("could not remove the failed build %s (the next build removes it): %s", version, _reason(exc))
 
-    def _create(self, name: str, dim: int, kind: str, build: dict) -> None:
+    def _create(self, name: str, dim: int) -> None:
         from pymilvus import DataType
 
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -339,9 +339,19 @@ class MilvusStore(SnapshotStore):
         schema.add_field("licence_id", DataType.INT64)
         schema.add_field("caption_text", DataType.VARCHAR, max_length=VARCHAR_MAX)
         schema.add_field("meta", DataType.JSON)
+        # no index yet: a collection created with one is loaded at once, so the rows inserted next would be
+        # served from growing segments through the server's interim index (IVF, its own nprobe) until the
+        # query nodes swap in the indexed segments, seconds later; recall measured meanwhile is that index's
+        self.client.create_collection(name, schema=schema)
+
+    def _index_and_load(self, name: str, kind: str, build: dict, count: int) -> None:
+        """Index the flushed rows, wait until every segment is indexed, then load: the query nodes load the
+        sealed segments with their index, which serves from the first search."""
         index = self.client.prepare_index_params()
         index.add_index(field_name="vector", index_type=kind, metric_type="IP", params=build)
-        self.client.create_collection(name, schema=schema, index_params=index)
+        self.client.create_index(name, index, sync=False)  # pymilvus' own wait has no deadline: ours has
+        self._wait_indexed(name, kind, count)
+        self.client.load_collection(name)
 
     def _insert(self, name: str, ids: np.ndarray, vectors: np.ndarray, metadata: list[dict], on_rows=None) -> None:
         for begin in range(0, len(ids), INSERT_ROWS):
@@ -366,13 +376,13 @@ class MilvusStore(SnapshotStore):
         try:
             if not self._query_until(self.manifests, f'version == "{draft.version}"', ["state"], bool):
                 self._put(draft.version, "building", json.dumps(build_owner()))  # not begun with begin_version
-            self._create(name, dim, kind, build)
+            self._create(name, dim)
             self._insert(name, draft.ids, draft.vectors, metadata)
             self.client.flush(name)
+            self._index_and_load(name, kind, build, count)
             written = self._count(name, count)
             if written != count:
                 raise SnapshotError(f"Milvus holds {written} of the {count} vectors written to {name}")
-            self._wait_indexed(name, kind, count)
             location = {"collection": name, "index_type": kind, "index_params": build,
                         "search_params": self.search_params or search}
             probe = MilvusSnapshot(self, draft.manifest(ref, spec, None, 0, None, backend="milvus", location=location))
@@ -395,8 +405,8 @@ class MilvusStore(SnapshotStore):
 
     def _wait_indexed(self, name: str, kind: str, count: int) -> None:
         """Until the server's index nodes have indexed every flushed segment: a server builds indexes
-        after the flush, in the background, and serves unindexed segments by brute force meanwhile, so
-        a version published earlier would serve (and measure its recall) without its index. An index
+        in the background, and a collection loaded earlier would serve (and measure its recall) without
+        its index. An index
         the server cannot build (e.g. DISKANN on a build without disk-index support, which retries for
         ever) fails the build after ``index_timeout_s``."""
         deadline = time.monotonic() + self.index_timeout_s

@@ -13,6 +13,7 @@ from paraseek.index.builder import copy_snapshot
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import FilterError, SearchFilter
 from paraseek.index.milvus_store import MilvusStore
+from paraseek.index.store import IndexUnavailable
 from paraseek.index.snapshot import Snapshot
 from paraseek.index.versions import SnapshotError
 from paraseek.cli import app
@@ -86,8 +87,10 @@ def test_a_new_version_moves_the_alias_and_the_old_one_stays_loadable(milvus_sta
 
 
 def test_a_version_is_published_once_indexed_and_an_index_the_server_cannot_build_fails_the_build(milvus_standalone):
-    """A server indexes flushed segments in the background and serves them by brute force meanwhile: a
-    build publishes only once every vector is indexed. This server build has no disk-index support
+    """A server indexes flushed segments in the background: a build publishes only once every vector is
+    indexed, and its first search goes through that index (a collection loaded before its rows were
+    indexed is searched through the server's interim IVF index, where HNSW's ef changes nothing and
+    a 1 % filter found 0.66 of its top 10). This server build has no disk-index support
     (DISKANN fails with bad_function_call and its index node retries for ever): such a build fails
     after the index timeout, drops what it wrote, and the alias stays."""
     store = MilvusStore(milvus_standalone.uri, prefix="indexed")
@@ -95,6 +98,10 @@ def test_a_version_is_published_once_indexed_and_an_index_the_server_cannot_buil
     _, first = publish(store, vectors, ids, rows, IndexSpec(type="hnsw"))
     index = store.client.describe_index(store.collection(first.version), "vector")
     assert index["index_type"] == "HNSW" and index["indexed_rows"] == 3000 and index["pending_index_rows"] == 0
+    snap = store.load()
+    with pytest.raises(IndexUnavailable, match=r"ef\(5\) should be larger than k\(10\)"):  # HNSW reads ef at once
+        snap.search_ids(vectors[:1], 10, params={"ef": 5})
+    assert snap.search_ids(vectors[:1], 10, params={"ef": 64})[1][0][0] == ids[0]
 
     disk = MilvusStore(milvus_standalone.uri, prefix="indexed", index_type="DISKANN", search_params={"search_list": 64},
                        index_timeout_s=10)
