@@ -406,9 +406,8 @@ class MilvusStore(SnapshotStore):
     def _wait_indexed(self, name: str, kind: str, count: int) -> None:
         """Until the server's index nodes have indexed every flushed segment: a server builds indexes
         in the background, and a collection loaded earlier would serve (and measure its recall) without
-        its index. An index
-        the server cannot build (e.g. DISKANN on a build without disk-index support, which retries for
-        ever) fails the build after ``index_timeout_s``."""
+        its index. An index the server cannot build (e.g. DISKANN on a build without disk-index support,
+        which retries for ever) fails the build after ``index_timeout_s``."""
         deadline = time.monotonic() + self.index_timeout_s
         pause = 0.05  # doubling to 1 s: a small version is indexed within a few tenths of a second
         while True:
