@@ -200,7 +200,64 @@ def test_filter_widening_stays_within_the_index():
     assert widened_for_filter({"nprobe": 32}, {"nlist": 1264}, 0.01) == {"nprobe": 1264}  # every list, no more
     assert widened_for_filter({"nprobe": 32}, {"nlist": 1264}, 1.0) == {"nprobe": 32}
     assert widened_for_filter({"nprobe": 32}, {"nlist": 1264}, 0.0) == {"nprobe": 32}  # nothing matches: nothing to find
-    assert widened_for_filter({"ef": 128}, {"M": 32}, 0.01) == {"ef": 128}  # not an IVF index
+    assert widened_for_filter({"ef": 128}, {"M": 32}, 0.5) == {"ef": 256}  # an HNSW beam
+    assert widened_for_filter({"ef": 128}, {"M": 32}, 0.01) == {"ef": 1024}  # at most FILTERED_EF_MAX
+    assert widened_for_filter({"ef": 2048}, {"M": 32}, 0.1) == {"ef": 2048}  # never narrower than unfiltered
+    assert widened_for_filter({"ef": 128}, {"M": 32}, 1.0) == {"ef": 128}
+    assert widened_for_filter({}, {}, 0.1) == {}  # FLAT: every vector is compared anyway
+
+
+def test_short_answers_are_asked_again_wider():
+    from paraseek.index.milvus_store import params_for_short_answers
+
+    asked, params = [], {"ef": 128}
+    while (params := params_for_short_answers(params, "HNSW", {"M": 32})) is not None:
+        asked.append(params)
+    # a range search, its beam growing to RETRY_EF_MAX, then no more
+    assert asked == [{"ef": 512, "radius": -1.0}, {"ef": 2048, "radius": -1.0}, {"ef": 8192, "radius": -1.0},
+                     {"ef": 16_384, "radius": -1.0}]
+    assert params_for_short_answers({"ef": 1024}, "HNSW", {"M": 32}) == {"ef": 1024, "radius": -1.0}
+    assert params_for_short_answers({"nprobe": 8}, "IVF_FLAT", {"nlist": 64}) == {"nprobe": 64}
+    assert params_for_short_answers({"nprobe": 64}, "IVF_FLAT", {"nlist": 64}) is None  # every list already
+    assert params_for_short_answers({}, "FLAT", {}) is None
+
+
+def test_a_graph_search_that_answers_short_is_asked_again(backend, tmp_path, request, monkeypatch):
+    """A Milvus 2.3.5 server's filtered HNSW search sometimes answers a query with 0 or 1 hits of 10
+    among a thousand matches (milvus-io/milvus #33933; 30 filtered queries of 1,500 in bench_backends at
+    10K, not reproducibly: it depends on the graph). Here the server's answers are cut short as they were
+    there: the snapshot asks those queries again, as range searches the server runs with a growing
+    beam, and answers in full."""
+    if backend == "faiss":
+        pytest.skip("FAISS scans the matches of a filter directly")
+    vectors, ids, rows = synthetic(n=2000)
+    store = make_store(backend, tmp_path, request)
+    publish(store, vectors, ids, rows, IndexSpec(type="hnsw", hnsw_m=16, ef_construction=64, ef_search=32))
+    snap = store.load(image_space=REF.image_space)
+    flt = SearchFilter(licence=[1])  # 1 row in 9
+    view = snap.filtered(flt)
+    queries = vectors[:30]
+    want, _ = brute_force(vectors, ids, rows, flt, queries, 10)
+
+    server_search, asked = store.client.search, []
+
+    def search_as_a_graph_cut_off(collection, data, **kwargs):
+        answers = server_search(collection, data=data, **kwargs)
+        params = kwargs["search_params"]["params"]
+        asked.append((len(data), params))
+        if "radius" in params and params["ef"] >= 2048:
+            return answers
+        # a third of the queries cut to one hit, and the first range search finds no more for half of them
+        cut = {row for row in range(len(data)) if row % (3 if "radius" not in params else 2) == 0}
+        return [found[:1] if row in cut else found for row, found in enumerate(answers)]
+
+    monkeypatch.setattr(store.client, "search", search_as_a_graph_cut_off)
+    _, got = view.search_ids(queries, 10)
+    assert (got >= 0).all()
+    # only the 10 short queries are asked again, then the 5 still short with a wider beam
+    assert asked[1:] == [(10, {"ef": 512, "radius": -1.0}), (5, {"ef": 2048, "radius": -1.0})]
+    recall = np.mean([len(set(g) & set(w)) / 10 for g, w in zip(got.tolist(), want.tolist())])
+    assert recall >= 0.95, recall
 
 
 def test_malformed_filters_name_the_part(backend, tmp_path, request):
