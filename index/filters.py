@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from paraseek.core.errors import UserError
 
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+FILTERED_EF_MAX = 1_024  # an HNSW search's beam under a filter, at most (widened_ef)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
 FieldValue = Union[StrictBool, Int64, StrictFloat, StrictStr]
@@ -95,6 +96,29 @@ class SearchFilter(BaseModel):
     def key(self) -> str:
         """Canonical text: equal filters, equal keys (caches and merged searches use it)."""
         return json.dumps(self.model_dump(exclude_none=True), sort_keys=True)
+
+
+def widened_nprobe(nprobe: int, nlist: int, share: float) -> int:
+    """The IVF lists a search under a filter keeping ``share`` of the vectors probes: nprobe / share, at
+    most all of them. nprobe is tuned on unfiltered searches, where every vector of a probed list is a
+    candidate; under a filter only ``share`` of them is, and the lists added are mostly vectors the
+    filter skips. With a filter keeping 1 %, a Milvus server's IVF_FLAT found 0.8 of the filtered top
+    10 with the tuned nprobe at 100K, and all of them widened (bench_backends); FAISS' IVF-PQ at 1M,
+    tuned to 0.95, found 0.962 under a 10 % filter and 0.994 widened, for 3.9 instead of 2.1 ms a
+    query (bench_filters)."""
+    if not 0 < share < 1:
+        return nprobe
+    return max(nprobe, min(nlist, math.ceil(nprobe / share)))
+
+
+def widened_ef(ef: int, share: float) -> int:
+    """An HNSW search's beam under a filter keeping ``share`` of the vectors: ef / share, at most
+    FILTERED_EF_MAX, never narrower than ``ef``. On a Milvus 2.3.5 server at 100K, a filter keeping
+    10 % took recall@10 from 0.964 (unfiltered, ef 128) to 0.888; ef 512 / 1024 brought it back to
+    0.923 / 0.929, for 4.3 / 6.1 ms a query instead of 3.1."""
+    if not 0 < share < 1:
+        return ef
+    return max(ef, min(FILTERED_EF_MAX, math.ceil(ef / share)))
 
 
 def check_fields(flt: SearchFilter, user_fields: set[str] | list[str]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -36,7 +35,15 @@ from cachetools import LRUCache
 
 from paraseek.core.errors import UserError
 from paraseek.index.faiss_index import EXACT_LIMIT, IndexSpec
-from paraseek.index.filters import FilterError, SearchFilter, caption_text, licence_id, milvus_expression
+from paraseek.index.filters import (
+    FilterError,
+    SearchFilter,
+    caption_text,
+    licence_id,
+    milvus_expression,
+    widened_ef,
+    widened_nprobe,
+)
 from paraseek.index.recall import measure_recall_with
 from paraseek.index.snapshot import check_image_space
 from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
@@ -57,7 +64,6 @@ VARCHAR_MAX = 65_535  # bytes, Milvus' longest VARCHAR
 INSERT_ROWS = 2_000
 METADATA_CACHE = 100_000  # metadata rows kept per loaded version (rows of a version never change)
 FILTER_CACHE = 256
-FILTERED_EF_MAX = 1_024  # an HNSW search's ef under a filter, at most (see widened_for_filter)
 RETRY_EF, RETRY_EF_MAX = 512, 16_384  # an HNSW search's ef when asking again for the hits a search left out
 CONNECT_ATTEMPTS = 3
 TRANSIENT = ("too many pings", "goaway", "unavailable", "fail connecting", "connection reset")
@@ -447,22 +453,13 @@ def _reason(exc: BaseException) -> str:
 
 
 def widened_for_filter(params: dict, index_params: dict, share: float) -> dict:
-    """Search params for a filter that keeps ``share`` of the vectors. nprobe and ef are tuned on
-    unfiltered searches, where every candidate can be an answer.
-
-    An IVF index probes nprobe / share lists, at most all of them: with a filter keeping 1 % a server's
-    IVF_FLAT found 0.8 of the filtered top 10 (bench_backends at 100K); the lists it adds are mostly
-    skipped by the filter's bitset. An HNSW graph searches with ef / share candidates, at most
-    FILTERED_EF_MAX: on a 2.3.5 server at 100K, a filter keeping 10 % took recall@10 from 0.964
-    (unfiltered, ef 128) to 0.888, and ef 512 / 1024 brought it back to 0.923 / 0.929 for 4.3 / 6.1 ms
-    a query instead of 3.1."""
-    if share <= 0 or share >= 1:
-        return params
+    """Native search params for a filter that keeps ``share`` of the vectors: an IVF index's nprobe
+    (``widened_nprobe``) or an HNSW graph's ef (``widened_ef``) widened, others as they are."""
     nlist, nprobe, ef = index_params.get("nlist"), params.get("nprobe"), params.get("ef")
     if nlist and nprobe:
-        return {**params, "nprobe": min(int(nlist), math.ceil(nprobe / share))}
+        return {**params, "nprobe": widened_nprobe(int(nprobe), int(nlist), share)}
     if ef:
-        return {**params, "ef": max(int(ef), min(FILTERED_EF_MAX, math.ceil(ef / share)))}
+        return {**params, "ef": widened_ef(int(ef), share)}
     return params
 
 

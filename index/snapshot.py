@@ -33,6 +33,7 @@ from paraseek.index.faiss_index import (
     IVF_TYPES,
     SPLIT_SCAN_MIN_ROWS,
     ExactVectors,
+    IndexSpec,
     apply_search_params,
     available_memory_bytes,
     flat_rows,
@@ -45,7 +46,7 @@ from paraseek.index.faiss_index import (
     split_scan,
     to_search_device,
 )
-from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names
+from paraseek.index.filters import FilterColumns, SearchFilter, user_field_names, widened_ef, widened_nprobe
 from paraseek.index.gpu_scan import MAX_K as SCAN_MAX_K
 from paraseek.index.gpu_scan import ExactScan, exact_scan_for
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError
@@ -244,7 +245,9 @@ SMALL_MATCH = 50_000  # at most this many matching images: an exact scan of them
 class FilteredSnapshot:
     """A FAISS snapshot restricted to the images matching a filter. Exact top k among them when the
     index is flat or the matches are few (a scan of just those rows); otherwise the ANN index searched
-    with an id selector, so the approximate top k is still taken among matching images only."""
+    with an id selector, so the approximate top k is still taken among matching images only, with
+    nprobe / efSearch widened for the share of the collection the filter keeps (``filtered_spec``). A
+    query the ANN search answers with fewer hits than there are matches is answered by the exact scan."""
 
     def __init__(self, snapshot: Snapshot, rows: np.ndarray, selector: faiss.IDSelector | None = None):
         """``selector``: of the rows' ids (default: ``id_selector``'s, built on the first ANN search)."""
@@ -270,7 +273,22 @@ class FilteredSnapshot:
             vectors = snap._flat if snap._flat is not None else snap.vectors()
             return masked_exact_search(vectors, snap.ids, self.rows, queries, k)
         exact = snap.exact_vectors() if (spec.refine_factor or 1) > 1 else None
-        return search(snap.index, spec, queries, min(int(k), len(self.rows)), exact, self.search_params())
+        width = min(int(k), len(self.rows))
+        scores, ids = search(snap.index, spec, queries, width, exact, self.search_params())
+        short = np.flatnonzero((ids < 0).any(axis=1))
+        if short.size:  # the lists probed or the graph walked held too few matches: scan the matches
+            log.debug("%d of %d filtered queries answered short: scanning their %d matches", short.size,
+                      len(queries), len(self.rows))
+            vectors = snap._flat if snap._flat is not None else snap.vectors()
+            scores[short], ids[short] = masked_exact_search(vectors, snap.ids, self.rows, queries[short], width)
+        return scores, ids
+
+    def filtered_spec(self) -> IndexSpec:
+        """The snapshot's search setting widened for the share of the collection the filter keeps."""
+        spec = self.snapshot.manifest.index
+        share = len(self.rows) / max(1, len(self.snapshot.ids))
+        return spec.model_copy(update={"nprobe": widened_nprobe(spec.nprobe, spec.nlist or spec.nprobe, share),
+                                       "ef_search": widened_ef(spec.ef_search, share)})
 
     def search_params(self) -> faiss.SearchParameters:
         """Search parameters for one call, around the id selector built once on first use. Never shared
@@ -279,7 +297,7 @@ class FilteredSnapshot:
         with self._selector_lock:
             if self._selector is None:
                 self._selector = id_selector(self.snapshot.ids[self.rows])  # read-only: shared
-        return search_parameters(self.snapshot.manifest.index, self._selector)
+        return search_parameters(self.filtered_spec(), self._selector)
 
 
 class Snapshot(SearchableSnapshot):

@@ -166,30 +166,39 @@ def test_filters_on_approximate_indexes_search_only_matches(backend, tmp_path, r
         assert recall >= 0.9, (flt, recall)
 
 
-def test_a_selective_filter_probes_more_ivf_lists_on_milvus(backend, tmp_path, request):
+def test_a_selective_filter_probes_more_ivf_lists(backend, tmp_path, request, monkeypatch):
     """nprobe is tuned on unfiltered searches: a filter keeping 1 % of the vectors probes nprobe / 0.01
-    lists (here all of them). With the tuned nprobe alone Milvus Lite finds 0.06 of the true top 10; the
+    lists (here all of them). With the tuned nprobe alone Milvus Lite finds 0.06 of the true top 10 and
+    FAISS' id-selector search (taken here for 40 matches, as it is past 50,000) less than half; the
     server searched these few matches exactly either way (at 100K its IVF_FLAT found 0.8 of them:
     bench_backends), so there the test checks that the widened search runs and stays exact."""
-    if backend == "faiss":
-        pytest.skip("FAISS scans the matches of a selective filter directly")
+    from paraseek.index import snapshot as faiss_snapshot
+    from paraseek.index.faiss_index import id_selector, search, search_parameters
+
+    monkeypatch.setattr(faiss_snapshot, "SMALL_MATCH", 0)
     vectors, ids, rows = synthetic(n=4000)
     store = make_store(backend, tmp_path, request)
     publish(store, vectors, ids, rows, IndexSpec(type="ivf_flat", nprobe=2))
     snap = store.load(image_space=REF.image_space)
     flt = SearchFilter(id_range={"lt": 10_000_000})  # about 1 % of the random ids
     view = snap.filtered(flt)
-    nlist = snap.manifest.location["index_params"]["nlist"]
-    assert snap.params["nprobe"] == 2 and view.search_params()["nprobe"] == nlist
     queries = vectors[:40]
+    if backend == "faiss":
+        spec = snap.manifest.index
+        assert spec.nprobe == 2 and view.filtered_spec().nprobe == spec.nlist
+        as_tuned = search(snap.index, spec, queries, 10, None, search_parameters(spec, id_selector(snap.ids[view.rows])))[1]
+    else:
+        nlist = snap.manifest.location["index_params"]["nlist"]
+        assert snap.params["nprobe"] == 2 and view.search_params()["nprobe"] == nlist
+        as_tuned = snap.search_ids(queries, 10, view.expression)[1]
     want, _ = brute_force(vectors, ids, rows, flt, queries, 10)
 
     def recall(got):
         return np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got.tolist(), want.tolist())])
 
-    widened, tuned = recall(view.search_ids(queries, 10)[1]), recall(snap.search_ids(queries, 10, view.expression)[1])
+    widened, tuned = recall(view.search_ids(queries, 10)[1]), recall(as_tuned)
     assert widened >= 0.95 and widened >= tuned, (widened, tuned)
-    if backend == "milvus":
+    if backend != MILVUS_SERVER:
         assert tuned < 0.5, tuned
 
 
@@ -220,6 +229,33 @@ def test_short_answers_are_asked_again_wider():
     assert params_for_short_answers({"nprobe": 8}, "IVF_FLAT", {"nlist": 64}) == {"nprobe": 64}
     assert params_for_short_answers({"nprobe": 64}, "IVF_FLAT", {"nlist": 64}) is None  # every list already
     assert params_for_short_answers({}, "FLAT", {}) is None
+
+
+def test_a_faiss_search_that_answers_short_scans_the_matches(tmp_path, monkeypatch):
+    """Past 50,000 matches FAISS searches its ANN index with an id selector; where the lists probed or
+    the graph walked hold fewer matches than k (a 1 % filter through a tuned IVF search answers most
+    queries short), those queries are answered by the exact scan of the matches instead."""
+    from paraseek.index import snapshot as faiss_snapshot
+
+    monkeypatch.setattr(faiss_snapshot, "SMALL_MATCH", 0)
+    vectors, ids, rows = synthetic(n=2000)
+    store = FaissStore(tmp_path / "snap")
+    publish(store, vectors, ids, rows, IndexSpec(type="hnsw", ef_search=64))
+    snap = store.load(image_space=REF.image_space)
+    flt = SearchFilter(licence=[1])
+    queries = vectors[:30]
+    want, _ = brute_force(vectors, ids, rows, flt, queries, 10)
+    ann_search = faiss_snapshot.search
+
+    def search_cut_off(*args, **kwargs):
+        scores, found = ann_search(*args, **kwargs)
+        found[::3, 1:], scores[::3, 1:] = -1, -np.inf  # a third of the queries with one hit
+        return scores, found
+
+    monkeypatch.setattr(faiss_snapshot, "search", search_cut_off)
+    scores, got = snap.filtered(flt).search_ids(queries, 10)
+    assert got[::3].tolist() == want[::3].tolist()  # the exact scan's answers
+    assert (got >= 0).all() and np.isfinite(scores).all()
 
 
 def test_a_graph_search_that_answers_short_is_asked_again(backend, tmp_path, request, monkeypatch):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from paraseek.index.filters import FilterColumns, SearchFilter
+from paraseek.index.filters import FILTERED_EF_MAX, FilterColumns, SearchFilter, widened_ef, widened_nprobe
 
 
 class CountingRows:
@@ -32,3 +32,14 @@ def test_columns_are_parsed_on_first_need_only():
     assert source.full_reads == 1  # the licence column is kept
     assert np.flatnonzero(columns.mask(SearchFilter(caption_contains="PHOTO 1"))).tolist() == [1] + list(range(10, 20))
     assert source.full_reads == 2
+
+
+def test_a_filter_widens_the_search_by_the_share_it_keeps():
+    assert widened_nprobe(32, 4000, 0.1) == 320
+    assert widened_nprobe(32, 100, 0.01) == 100  # every list, no more
+    assert widened_nprobe(64, 32, 0.5) == 64  # never fewer lists than tuned
+    assert widened_nprobe(32, 4000, 1.0) == widened_nprobe(32, 4000, 0.0) == 32  # everything or nothing matches
+    assert widened_ef(128, 0.5) == 256
+    assert widened_ef(128, 0.01) == FILTERED_EF_MAX
+    assert widened_ef(2048, 0.1) == 2048  # never narrower than tuned
+    assert widened_ef(128, 0.0) == 128
