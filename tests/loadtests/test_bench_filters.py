@@ -17,6 +17,10 @@ def test_bench_filters_measures_both_selectors_on_an_ivf_snapshot(shared_data, t
     out = capsys.readouterr().out
     assert code == 0, out  # every filtered result inside its filter
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("50%", "10%", "1%"))]
-    assert [(r[0], r[3]) for r in rows] == [(s, k) for s in ("50%", "10%", "1%") for k in ("bitmap", "hash")]
+    # per share: the two selectors, then the bitmap with the unfiltered setting
+    assert [(r[0], r[3]) for r in rows] == [(s, k) for s in ("50%", "10%", "1%") for k in ("bitmap", "hash", "bitmap")]
+    lines = [line for line in out.splitlines() if line.strip().startswith(("50%", "10%", "1%"))]
+    assert all("nprobe 64" in line for line in lines[:3])  # 60,000 matches: the ANN search, every list already
+    assert all("exact scan" in line for line in lines[3:])  # 12,000 and 1,200: a scan of the matches
     assert rows[0][1] == "60,000"
     assert all(r[-1] == "1.000" for r in rows)  # every list probed: the exact filtered top 10
