@@ -31,7 +31,15 @@ from paraseek.index.image_sources import ImageRecord, ImageSource, open_source, 
 from paraseek.index.recall import RECALL_QUERIES, measure_recall
 from paraseek.index.snapshot import FaissStore, Snapshot, publish
 from paraseek.index.store import SearchableSnapshot, SnapshotStore
-from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, Reused, file_stamp, reusable_vectors
+from paraseek.index.unchanged_images import (
+    DIGEST_FIELD,
+    STAMP_FIELD,
+    TOWER_FIELD,
+    Reused,
+    content_digest,
+    file_stamp,
+    reusable_vectors,
+)
 from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector_source
 from paraseek.index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
 
@@ -55,14 +63,19 @@ class BuildResult:
 
 
 def _decode(encoder: Encoder, root: Path, record: ImageRecord):
-    """-> (pixels, width, height, file stamp) or an error string; never raises (bad files are reported)."""
+    """-> (pixels, width, height, file fields: stamp and digest) or an error string; never raises (bad
+    files are reported)."""
     stamp = file_stamp(root / record.path)  # before the read: a file changed meanwhile is stamped older
     try:
-        # a tar shard's member is read in place; a file is opened by path
-        source = read_member(root, record) if record.member is not None else root / record.path
+        fields: dict = {STAMP_FIELD: stamp} if stamp else {}
+        if record.member is not None:  # a tar shard's member is read in place
+            source = read_member(root, record)
+        else:  # a file's bytes, hashed on the way (a moved file is found by them: unchanged_images)
+            source = (root / record.path).read_bytes()
+            fields[DIGEST_FIELD] = content_digest(source)
         with decode_image(source) as im:
             width, height = im.size
-            return encoder.preprocess(im), width, height, stamp
+            return encoder.preprocess(im), width, height, fields
     except ImageDecodeError as exc:
         cause = exc.__cause__
         return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
@@ -96,7 +109,7 @@ def embed_records(
     progress: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, list[ImageRecord], list[dict], list[dict]]:
-    """-> (vectors, kept records, their size info and file stamps, skipped [{path, error}])."""
+    """-> (vectors, kept records, their size info, file stamps and digests, skipped [{path, error}])."""
     workers = workers or min(8, os.cpu_count() or 2)
     vectors: list[np.ndarray] = []
     kept: list[ImageRecord] = []
@@ -120,9 +133,9 @@ def embed_records(
                 skipped.append({"path": where, "error": result})
                 log.warning("skipped %s: %s", where, result)
             else:
-                pixels, width, height, stamp = result
+                pixels, width, height, fields = result
                 pending.append((pixels, record))
-                sizes.append({"width": width, "height": height} | ({STAMP_FIELD: stamp} if stamp else {}))
+                sizes.append({"width": width, "height": height} | fields)
                 if len(pending) == batch_size:
                     flush()
             bar.update(1)
@@ -274,7 +287,7 @@ def build_snapshot(
         ids = np.array([r.id for r in kept], dtype=np.int64)
         report = {
             "images_total": len(src.records), "indexed": len(kept), "encoded": encoded, "reused": n_reused,
-            "reused_from": reused_from if n_reused else None, "skipped": skipped,
+            "reused_from": reused_from if n_reused else None, "moved": reused.moved, "skipped": skipped,
             "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
         }
         provenance = {"kind": src.kind, "root": str(src.root.resolve()),

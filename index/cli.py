@@ -186,8 +186,9 @@ def build_cmd(
                                             "the image roots without that path (their url stays), instead of refusing."),
     hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
     reuse: bool = typer.Option(True, "--reuse/--reencode", help="Take the vectors of files unchanged since the current "
-                               "version indexed them (same path, size and modification time, same image tower) "
-                               "instead of encoding them again; --reencode encodes every file."),
+                               "version indexed them (same path, size and modification time, or the same bytes under "
+                               "another path; same image tower) instead of encoding them again; --reencode encodes "
+                               "every file."),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
     if (source is None) == (embeddings is None):
@@ -237,8 +238,9 @@ def build_cmd(
     console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
     if result.report.get("reused"):
         r = result.report
-        console.print(f"{r['reused']} vectors reused from {r['reused_from']} (files unchanged), {r['encoded']} images encoded",
-                      soft_wrap=True, highlight=False)
+        moved = f", {r['moved']} of them moved or renamed" if r.get("moved") else ""
+        console.print(f"{r['reused']} vectors reused from {r['reused_from']} (files unchanged{moved}), "
+                      f"{r['encoded']} images encoded", soft_wrap=True, highlight=False)
     if "peak_private_mb" in result.report:
         r = result.report
         console.print(f"peak memory {r['peak_rss_mb'] / 1024:.2f} GB resident, {r['peak_private_mb'] / 1024:.2f} GB of it "

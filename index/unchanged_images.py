@@ -1,14 +1,18 @@
 """Reusing the vectors of photos a snapshot already holds, so a reindex encodes only what changed.
 
 A photo's vector depends on its bytes and the image tower (``Encoder.image_tower_id``). A build records
-both: the tower's id in the manifest's ``source`` and each file's stamp (size and modification time in
-nanoseconds, as ``make`` and ``rsync`` compare files) in its metadata row. The next build of the same
-files with the same tower takes the vectors of files whose stamp is unchanged from the current version
-and encodes the rest. A file rewritten in place gets a new modification time, so it is encoded again.
+both: the tower's id in the manifest's ``source`` and, in each file's metadata row, its stamp (size and
+modification time in nanoseconds, as ``make`` and ``rsync`` compare files) and a digest of its bytes.
+The next build of the same files with the same tower takes the vectors of files whose stamp is
+unchanged from the current version. The other files of a size some recorded file had are read and
+hashed (reading costs far less than decoding and encoding): one whose digest the version recorded
+keeps that vector, wherever it lies now (moved, renamed, copied, or touched without a change). The
+rest are encoded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,20 @@ from paraseek.index.store import SearchableSnapshot
 
 STAMP_FIELD = "file_stamp"  # metadata row: [size in bytes, modification time in ns] of the file read
 TOWER_FIELD = "image_tower"  # manifest source: the image tower id the version's vectors were made with
+DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the file's bytes (files, not tar members)
+
+
+def content_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def file_digest(path: str | os.PathLike) -> str | None:
+    """``content_digest`` of a file's bytes, None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    except OSError:
+        return None
 
 
 def file_stamp(path: str | os.PathLike) -> list[int] | None:
@@ -42,11 +60,13 @@ def _key(root: str, path: str, member: str | None, offset: int | None) -> tuple[
 @dataclass
 class Reused:
     """What a build takes from the current version: for the records at ``positions`` (indices into the
-    source's records), their vectors and their metadata's size fields."""
+    source's records), their vectors and their metadata's size fields; ``moved``: how many of them were
+    found by their digest under another path."""
 
     positions: np.ndarray  # int64, ascending
     vectors: np.ndarray  # (len(positions), dim) float32
-    sizes: list[dict]  # width, height and file stamp, per reused record
+    sizes: list[dict]  # width, height, file stamp and digest, per reused record
+    moved: int = 0
 
     @classmethod
     def none(cls, dim: int) -> Reused:
@@ -56,8 +76,9 @@ class Reused:
 def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path, records: Sequence[ImageRecord],
                      stamps: Sequence[list[int] | None]) -> Reused:
     """The vectors of ``records`` (read under ``root``, stamped ``stamps``) that ``base`` holds for the same
-    file with the same stamp, made by the same image tower. Nothing when ``base`` was made by another
-    tower, from precomputed vectors, or before builds recorded stamps."""
+    file with the same stamp, or for a file with the same bytes elsewhere, made by the same image tower.
+    Nothing when ``base`` was made by another tower, from precomputed vectors, or before builds recorded
+    stamps (digests: before they recorded digests, a moved file is encoded again)."""
     dim = base.manifest.dim
     recorded = base.manifest.source.get(TOWER_FIELD)
     if tower_id is None or recorded != tower_id or not base.image_roots:
@@ -68,21 +89,59 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
     positions: list[int] = []
     parts: list[np.ndarray] = []
     sizes: dict[int, dict] = {}
+    digested_sizes: set[int] = set()  # sizes of the recorded files that have a digest
     for _ids, vectors, rows in base.iter_contents():
         hits = []  # rows of this chunk whose vector is taken
         for j, row in enumerate(rows):
             stamp = row.get(STAMP_FIELD)
             if stamp is None or not row.get("path"):
                 continue
+            if DIGEST_FIELD in row:
+                digested_sizes.add(int(stamp[0]))
             at = wanted.get(_key(base_root, str(row["path"]), row.get("member"), row.get("offset")))
             if at is not None and at not in sizes and list(stamp) == stamps[at]:
-                sizes[at] = {k: row[k] for k in ("width", "height") if k in row} | {STAMP_FIELD: stamps[at]}
+                sizes[at] = _size_fields(row, stamps[at])
                 positions.append(at)
                 hits.append(j)
         if hits:
             parts.append(np.asarray(vectors[hits], np.float32))  # one gather a chunk, not a copy a row
+    moved = _moved_files(base, real_root, records, stamps, sizes, digested_sizes, positions, parts)
     if not positions:
         return Reused.none(dim)
     order = np.argsort(positions, kind="stable")
     ordered = np.asarray(positions, np.int64)[order]
-    return Reused(ordered, np.concatenate(parts)[order], [sizes[int(p)] for p in ordered])
+    return Reused(ordered, np.concatenate(parts)[order], [sizes[int(p)] for p in ordered], moved)
+
+
+def _size_fields(row: dict, stamp: list[int] | None) -> dict:
+    return {k: row[k] for k in ("width", "height", DIGEST_FIELD) if k in row} | {STAMP_FIELD: stamp}
+
+
+def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRecord], stamps: Sequence[list[int] | None],
+                 sizes: dict[int, dict], digested_sizes: set[int], positions: list[int], parts: list[np.ndarray]) -> int:
+    """Second pass: files no path matched, of a size some recorded file had, hashed and looked up by
+    digest in ``base``; their vectors are appended to ``positions`` / ``parts``. -> how many."""
+    by_digest: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        stamp = stamps[i]
+        if i in sizes or stamp is None or record.member is not None or stamp[0] not in digested_sizes:
+            continue
+        digest = file_digest(os.path.join(root, record.path))
+        if digest is not None:
+            by_digest.setdefault(digest, []).append(i)  # two copies of one photo share its vector
+    if not by_digest:
+        return 0
+    found = 0
+    for _ids, vectors, rows in base.iter_contents():
+        hits = []
+        for j, row in enumerate(rows):
+            for at in by_digest.pop(row.get(DIGEST_FIELD) or "", []):
+                sizes[at] = _size_fields(row, stamps[at])
+                positions.append(at)
+                hits.append(j)
+        if hits:
+            parts.append(np.asarray(vectors[hits], np.float32))
+            found += len(hits)
+        if not by_digest:
+            break
+    return found

@@ -1,14 +1,15 @@
 """A reindex that encodes every photo against one that reuses the vectors of unchanged photos, one run, medians.
 
 The collection is the COCO-mini photos (val and train, 239) copied into a folder and indexed once. Each
-round then changes ``--changed`` of the photos (their files rewritten: new modification times) and
-adds nothing, and times two builds of the folder side by side, alternating which goes first: one with
+round then edits ``--changed`` of the photos (a bit of each file flipped: other bytes, a new time) and
+adds nothing, moves ``--moved`` of them into another folder (renamed: found by their bytes), and times
+two builds of the folder side by side, alternating which goes first: one with
 ``reuse=False`` (every photo encoded, what a reindex cost before) and one as a reindex runs by default
 (the current version's vectors for unchanged files). Both publish a version into their own store. The
 ratio is the reused build's speed-up; the vectors of both builds are compared to show they agree.
 
-    python -m paraseek.loadtests.bench_reindex [--data ../shared/data] [--bundle DIR] [--changed 0.05] [--rounds 3]
-        [--files 100000]
+    python -m paraseek.loadtests.bench_reindex [--data ../shared/data] [--bundle DIR] [--changed 0.05] [--moved 0.5]
+        [--rounds 3] [--files 100000]
 
 Without ``--bundle`` the starter is built as shipped (its whole photo and 3 x 3 crops: torch needed).
 With ``--files N`` it also times what a rebuild of a folder of N unchanged files spends before encoding
@@ -87,6 +88,7 @@ def main(argv=None) -> dict:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--bundle", type=Path, default=None, help="bundle with an image tower (default: the starter as shipped)")
     p.add_argument("--changed", type=float, default=0.05, help="share of the photos rewritten before each round")
+    p.add_argument("--moved", type=float, default=0.0, help="share of the photos moved to another folder before each round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--photos", type=int, default=None, help="index only the first N photos")
     p.add_argument("--files", type=int, default=0, help="also time finding the vectors of N unchanged files")
@@ -107,11 +109,19 @@ def main(argv=None) -> dict:
             build_snapshot(tmp / "photos", encoder, store, progress=False)
         rng = np.random.default_rng(0)
         n_changed = max(1, round(args.changed * len(photos)))
+        n_moved = round(args.moved * len(photos))
         seconds: dict[str, list[float]] = {name: [] for name in stores}
         encoded: dict[str, list[int]] = {name: [] for name in stores}
+        moved: list[int] = []
         for r in range(args.rounds):
+            if n_moved:
+                (tmp / "photos" / f"moved-{r}").mkdir()
+            for i in rng.choice(len(photos), n_moved, replace=False):
+                photos[i] = photos[i].rename(tmp / "photos" / f"moved-{r}" / photos[i].name)  # mv: same bytes and time
             for i in rng.choice(len(photos), n_changed, replace=False):
-                photos[i].write_bytes(photos[i].read_bytes())  # rewritten in place: same pixels, new time
+                edited = bytearray(photos[i].read_bytes())
+                edited[len(edited) // 2 + r] ^= 1  # an edit: other bytes (a flipped bit of entropy-coded data still decodes)
+                photos[i].write_bytes(bytes(edited))
                 later = time.time_ns() + 10**9 * (r + 1)  # the stamp moves even on a coarse file-system clock
                 os.utime(photos[i], ns=(later, later))
             order = list(stores) if r % 2 == 0 else list(stores)[::-1]
@@ -120,18 +130,21 @@ def main(argv=None) -> dict:
                 built = build_snapshot(tmp / "photos", encoder, stores[name], progress=False, reuse=name == "reuse unchanged")
                 seconds[name].append(time.perf_counter() - t0)
                 encoded[name].append(built.report["encoded"])
+                if name == "reuse unchanged":
+                    moved.append(built.report["moved"])
         a, b = vectors(stores["encode all"]), vectors(stores["reuse unchanged"])
         worst = max(float(np.abs(a[i] - b[i]).max()) for i in a) if set(a) == set(b) else float("inf")
         median = {name: statistics.median(s) for name, s in seconds.items()}
-        print(f"reindex of {len(photos)} photos with {n_changed} rewritten ({args.changed:.0%}) before each of {args.rounds} "
-              f"rounds, bundle {encoder.name}; medians")
+        print(f"reindex of {len(photos)} photos with {n_changed} edited ({args.changed:.0%}) and {n_moved} moved "
+              f"({args.moved:.0%}) before each of {args.rounds} rounds, bundle {encoder.name}; medians; the reusing build "
+              f"found {statistics.median(moved):.0f} moved photos by their bytes")
         print(f"{'build':16} {'seconds':>8} {'encoded':>8}")
         for name in stores:
             print(f"{name:16} {median[name]:8.2f} {statistics.median(encoded[name]):8.0f}")
         speedup = median["encode all"] / median["reuse unchanged"]
         print(f"reuse unchanged / encode all: {speedup:.1f}x faster; largest difference between their vectors {worst:.2e}")
         result: dict = {"seconds": median, "encoded": {k: statistics.median(v) for k, v in encoded.items()}, "speedup": speedup,
-                  "max_abs_difference": worst, "photos": len(photos), "changed": n_changed}
+                  "max_abs_difference": worst, "photos": len(photos), "changed": n_changed, "moved": statistics.median(moved)}
         if args.files:
             opened, found = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
             print(f"a rebuild of {args.files} unchanged files before encoding anything: {opened:.2f} s listing and confining "

@@ -30,7 +30,7 @@ class ServiceMetrics:
         self.index_size = Gauge("paraseek_index_vectors", "Vectors in the serving snapshot", registry=r)
         self.reindex = Counter("paraseek_reindex_total", "Reindex jobs", ["result"], registry=r)
         self.reindex_images = Counter("paraseek_reindex_images_total", "Images indexed by successful reindexes: encoded "
-                                      "by the image tower, or reused (their files unchanged since the version built from)",
+                                      "by the image tower, or reused (their files' vectors found in the version built from)",
                                       ["how"], registry=r)
         self.shed = Counter("paraseek_shed_total", "Requests refused with 503 to keep the others' latency",
                             ["reason"], registry=r)  # in_flight, queue, deadline

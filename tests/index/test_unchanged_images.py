@@ -12,7 +12,7 @@ import pytest
 from paraseek.core.encoder import Encoder
 from paraseek.index.builder import build_snapshot, update_snapshot
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp
+from paraseek.index.unchanged_images import DIGEST_FIELD, STAMP_FIELD, TOWER_FIELD, content_digest, file_digest, file_stamp
 
 BOTH_BACKENDS = True
 
@@ -26,6 +26,15 @@ def test_file_stamp_changes_with_a_rewrite_and_is_none_for_a_missing_file(tmp_pa
     os.utime(f, ns=(first[1] + 10**9, first[1] + 10**9))  # same bytes, rewritten later (e.g. restored from a backup)
     assert file_stamp(f) != first
     assert file_stamp(tmp_path / "missing.jpg") is None
+
+
+def test_file_digest_is_the_digest_of_the_bytes_read(tmp_path):
+    f = tmp_path / "a.jpg"
+    f.write_bytes(b"abc")
+    assert file_digest(f) == content_digest(b"abc") and len(file_digest(f) or "") == 32
+    f.write_bytes(b"abd")
+    assert file_digest(f) != content_digest(b"abc")
+    assert file_digest(tmp_path / "missing.jpg") is None and file_digest(tmp_path) is None  # a folder cannot be read
 
 
 @pytest.fixture()
@@ -102,6 +111,45 @@ def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_
     try:
         rows = snap.metadata_of(list(after))
         assert all(row[STAMP_FIELD] == file_stamp(photos / row["path"]) and row["width"] > 0 for row in rows.values())
+    finally:
+        snap.close()
+
+
+def test_moved_renamed_and_copied_photos_are_found_by_their_bytes(backend, photos, starter_encoder, counted_encodes,
+                                                                  tmp_path, request):
+    store = store_for(backend, tmp_path, request)
+    first = build_snapshot(photos, starter_encoder, store, progress=False)
+    vectors, rows = contents_by_row(store)
+    before = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    a, b, c, d = sorted(p.name for p in photos.iterdir())[:4]
+    (photos / "sub").mkdir()
+    os.rename(photos / a, photos / "sub" / a)  # moved into a folder
+    os.rename(photos / b, photos / f"renamed-{b}")
+    shutil.copy(photos / c, photos / f"copy-of-{c}")  # a second copy (a new modification time)
+    altered = bytearray((photos / d).read_bytes())
+    altered[len(altered) // 2] ^= 1  # same size, other bytes: still decodes, to another vector
+    (photos / f"altered-{d}").write_bytes(bytes(altered))
+    counted_encodes.clear()
+    again = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert sum(counted_encodes) == 1  # the altered copy only
+    assert again.report["reused"] == 7 and again.report["moved"] == 3 and again.report["encoded"] == 1
+    assert again.report["reused_from"] == first.manifest.version
+    vectors, rows = contents_by_row(store)
+    after = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    for now, then in ((f"sub/{a}", a), (f"renamed-{b}", b), (f"copy-of-{c}", c), (c, c), (d, d)):
+        assert after[now].tobytes() == before[then].tobytes(), now
+    assert after[f"altered-{d}"].tobytes() != before[d].tobytes()
+    # every row records the digest and stamp of the file it now names, for the next build
+    assert all(row[DIGEST_FIELD] == file_digest(photos / row["path"]) and row[STAMP_FIELD] == file_stamp(photos / row["path"])
+               for row in rows)
+
+
+def contents_by_row(store) -> tuple[list[np.ndarray], list[dict]]:
+    snap = store.load(use_gpu=False)
+    try:
+        ids, vectors, _ = snap.contents()
+        rows = snap.metadata_of(ids)
+        return [np.asarray(v) for v in vectors], [rows[int(i)] for i in ids]
     finally:
         snap.close()
 
