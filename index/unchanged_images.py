@@ -89,15 +89,18 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
     positions: list[int] = []
     parts: list[np.ndarray] = []
     sizes: dict[int, dict] = {}
-    digested_sizes: set[int] = set()  # sizes of the recorded files that have a digest
+    # sizes of the recorded files that have a digest, a chunk's at a time into numpy: 8 bytes a file at
+    # most, not a Python int's 30-odd (80 MB for a 10M-photo version)
+    size_parts: list[np.ndarray] = []
     for _ids, vectors, rows in base.iter_contents():
         hits = []  # rows of this chunk whose vector is taken
+        digested = []
         for j, row in enumerate(rows):
             stamp = row.get(STAMP_FIELD)
             if stamp is None or not row.get("path"):
                 continue
             if DIGEST_FIELD in row:
-                digested_sizes.add(int(stamp[0]))
+                digested.append(stamp[0])
             at = wanted.get(_key(base_root, str(row["path"]), row.get("member"), row.get("offset")))
             if at is not None and at not in sizes and list(stamp) == stamps[at]:
                 sizes[at] = _size_fields(row, stamps[at])
@@ -105,7 +108,9 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
                 hits.append(j)
         if hits:
             parts.append(np.asarray(vectors[hits], np.float32))  # one gather a chunk, not a copy a row
-    moved = _moved_files(base, real_root, records, stamps, sizes, digested_sizes, positions, parts)
+        size_parts.append(np.unique(np.asarray(digested, np.int64)))
+    known_sizes = np.unique(np.concatenate(size_parts)) if size_parts else np.zeros(0, np.int64)
+    moved = _moved_files(base, real_root, records, stamps, sizes, known_sizes, positions, parts)
     if not positions:
         return Reused.none(dim)
     order = np.argsort(positions, kind="stable")
@@ -118,13 +123,17 @@ def _size_fields(row: dict, stamp: list[int] | None) -> dict:
 
 
 def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRecord], stamps: Sequence[list[int] | None],
-                 sizes: dict[int, dict], digested_sizes: set[int], positions: list[int], parts: list[np.ndarray]) -> int:
-    """Second pass: files no path matched, of a size some recorded file had, hashed and looked up by
-    digest in ``base``; their vectors are appended to ``positions`` / ``parts``. -> how many."""
+                 sizes: dict[int, dict], known_sizes: np.ndarray, positions: list[int], parts: list[np.ndarray]) -> int:
+    """Second pass: files no path matched, of a size some recorded file had (``known_sizes``, sorted),
+    hashed and looked up by digest in ``base``; their vectors are appended to ``positions`` / ``parts``.
+    -> how many."""
     by_digest: dict[str, list[int]] = {}
     for i, record in enumerate(records):
         stamp = stamps[i]
-        if i in sizes or stamp is None or record.member is not None or stamp[0] not in digested_sizes:
+        if i in sizes or stamp is None or record.member is not None:
+            continue
+        at = int(np.searchsorted(known_sizes, stamp[0]))
+        if at == len(known_sizes) or known_sizes[at] != stamp[0]:
             continue
         digest = file_digest(os.path.join(root, record.path))
         if digest is not None:
