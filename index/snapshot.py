@@ -254,24 +254,27 @@ class FilteredSnapshot:
         self.snapshot = snapshot
         self.rows = rows  # sorted row numbers of the matching images
         self._selector = selector
+        self._spec: IndexSpec | None = None  # filtered_spec, taken once with the selector
         self._selector_lock = threading.Lock()  # searches run in parallel when batching is off
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def scans_exactly(self, k: int) -> bool:
+        """Whether a top-``k`` search scans the matches rather than searching the ANN index."""
+        return self.snapshot.manifest.index.exact or len(self.rows) <= max(SMALL_MATCH, k)
+
     def search_ids(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         snap = self.snapshot
         queries = snap.check_queries(queries)
         spec = snap.manifest.index
-        if spec.exact or len(self.rows) <= max(SMALL_MATCH, k):
+        if self.scans_exactly(k):
             copy = snap.scan_copy_for(queries, k)
             if copy is not None and len(self.rows) * 4 > len(snap.ids):
                 # a broad filter's exact search reads every row anyway (masked_exact_search): read the copy
                 scores, numbers = copy.search(queries, k, search_threads(), among=self.rows)
                 return padded(scores, snap.ids[numbers], k)
-            # a flat index's own rows where it has them (the same order as vectors.npy): one file's pages, not two
-            vectors = snap._flat if snap._flat is not None else snap.vectors()
-            return masked_exact_search(vectors, snap.ids, self.rows, queries, k)
+            return self._scan(queries, k)
         exact = snap.exact_vectors() if (spec.refine_factor or 1) > 1 else None
         width = min(int(k), len(self.rows))
         scores, ids = search(snap.index, spec, queries, width, exact, self.search_params())
@@ -279,9 +282,14 @@ class FilteredSnapshot:
         if short.size:  # the lists probed or the graph walked held too few matches: scan the matches
             log.debug("%d of %d filtered queries answered short: scanning their %d matches", short.size,
                       len(queries), len(self.rows))
-            vectors = snap._flat if snap._flat is not None else snap.vectors()
-            scores[short], ids[short] = masked_exact_search(vectors, snap.ids, self.rows, queries[short], width)
+            scores[short], ids[short] = self._scan(queries[short], width)
         return scores, ids
+
+    def _scan(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        snap = self.snapshot
+        # a flat index's own rows where it has them (the same order as vectors.npy): one file's pages, not two
+        vectors = snap._flat if snap._flat is not None else snap.vectors()
+        return masked_exact_search(vectors, snap.ids, self.rows, queries, k)
 
     def filtered_spec(self) -> IndexSpec:
         """The snapshot's search setting widened for the share of the collection the filter keeps."""
@@ -291,13 +299,16 @@ class FilteredSnapshot:
                                        "ef_search": widened_ef(spec.ef_search, share)})
 
     def search_params(self) -> faiss.SearchParameters:
-        """Search parameters for one call, around the id selector built once on first use. Never shared
-        between calls: faiss' IndexIDMap swaps the selector inside the parameters it is given for the
-        duration of a search, so two threads searching with one object crash the process."""
+        """Search parameters for one call, around the id selector and the widened setting, both built once
+        on first use. Never shared between calls: faiss' IndexIDMap swaps the selector inside the
+        parameters it is given for the duration of a search, so two threads searching with one object
+        crash the process."""
         with self._selector_lock:
             if self._selector is None:
                 self._selector = id_selector(self.snapshot.ids[self.rows])  # read-only: shared
-        return search_parameters(self.filtered_spec(), self._selector)
+            if self._spec is None:
+                self._spec = self.filtered_spec()
+        return search_parameters(self._spec, self._selector)
 
 
 class Snapshot(SearchableSnapshot):

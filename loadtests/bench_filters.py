@@ -23,9 +23,9 @@ import numpy as np
 
 from paraseek.core.cpu_threads import import_faiss
 from paraseek.core.memory import process_memory
-from paraseek.index.faiss_index import id_selector, masked_exact_search
+from paraseek.index.faiss_index import IndexSpec, id_selector, masked_exact_search
 from paraseek.index.filters import SearchFilter
-from paraseek.index.snapshot import SMALL_MATCH, FilteredSnapshot, Snapshot
+from paraseek.index.snapshot import FilteredSnapshot, Snapshot
 from paraseek.loadtests.bench_service import DEFAULT_DATA, build_synthetic_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 
@@ -46,12 +46,13 @@ class AsTuned(FilteredSnapshot):
         return self.snapshot.manifest.index
 
 
-def setting(view: FilteredSnapshot) -> str:
-    """The search setting a view's ANN search runs with."""
-    if view.snapshot.manifest.index.exact or len(view.rows) <= max(SMALL_MATCH, 10):
-        return "exact scan"
-    spec = view.filtered_spec()
+def setting(spec: IndexSpec) -> str:
     return f"ef {spec.ef_search}" if spec.type == "hnsw" else f"nprobe {spec.nprobe}"
+
+
+def searched_with(view: FilteredSnapshot) -> str:
+    """The search setting a view's top-10 searches run with."""
+    return "exact scan" if view.scans_exactly(10) else setting(view.filtered_spec())
 
 
 def search_ms(view: FilteredSnapshot, queries: np.ndarray) -> float:
@@ -74,8 +75,7 @@ def main(argv=None) -> int:
     snap = Snapshot.load(root)
     queries = synthetic_space(snap.manifest.dim, args.data)[1][:32]
     spec = snap.manifest.index
-    tuned = f"ef {spec.ef_search}" if spec.type == "hnsw" else f"nprobe {spec.nprobe}"
-    print(f"filtered search: {len(snap):,} x {snap.manifest.dim} {spec.type} ({tuned}), id-range filters, "
+    print(f"filtered search: {len(snap):,} x {snap.manifest.dim} {spec.type} ({setting(spec)}), id-range filters, "
           f"{args.rounds} searches each, medians; {cpu_description()}")
     print(f"{'keeps':>6} {'rows':>10} {'first ms':>9} {'selector':9} {'search':>12} {'build ms':>9} {'+MB':>7} {'b1 ms':>7} "
           f"{'b32 ms':>7} {'b1 ratio':>9} {'recall':>7}")
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             ratio = b1 / statistics.median(timings[0][1])
             ok &= bool(np.isin(got[got >= 0], matching).all())
             print(f"{share:6.0%} {len(view):>10,} {first_ms if i == 0 else float('nan'):9.1f} {name:9} "
-                  f"{setting(other):>12} {build_ms:9.1f} {grown:7.1f} {b1:7.2f} {b32:7.2f} {ratio:9.2f} {recall:7.3f}", flush=True)
+                  f"{searched_with(other):>12} {build_ms:9.1f} {grown:7.1f} {b1:7.2f} {b32:7.2f} {ratio:9.2f} {recall:7.3f}", flush=True)
     start = time.perf_counter()
     snap.filtered(SearchFilter(licence=[1])).search_ids(queries[:1], 10)
     print(f"a licence filter's first search (parses every metadata row once): {(time.perf_counter() - start) * 1000:.0f} ms")
