@@ -261,8 +261,15 @@ class MilvusStore(SnapshotStore):
         with self._lock:
             if self._alias_exists():
                 self.client.alter_alias(name, self.alias)  # one step: readers see the old or the new version
-            else:
+                return
+            try:
                 self.client.create_alias(name, self.alias)
+            except self.errors:
+                # Milvus has no create-or-alter: another writer's first publication may have created the
+                # alias since the check above; then this one moves it, as a later activation would
+                if not self._alias_exists():
+                    raise
+                self.client.alter_alias(name, self.alias)
 
     def load(self, version: str | None = None, *, image_space: str | None = None, threads: int | None = None,
              verify: bool = True, rehash: bool = False, use_gpu: bool | None = None) -> MilvusSnapshot:

@@ -623,6 +623,20 @@ def test_two_processes_building_into_one_milvus_collection(milvus_server, tmp_pa
     _check_two_versions(store, store.versions())
 
 
+def test_an_alias_created_by_another_writer_after_the_check_is_moved_not_an_error(milvus_store, monkeypatch):
+    """What two first builds into one collection race on: both see no alias; the later create fails."""
+    from paraseek.index.milvus_store import MilvusStore
+
+    vectors, ids, rows = synthetic(n=200)
+    _, first = publish(milvus_store, vectors[:100], ids[:100], rows[:100], IndexSpec(type="flat"))
+    _, second = publish(milvus_store, vectors, ids, rows, IndexSpec(type="flat"), activate=False)
+    stale = [False]  # the alias is already there, but this writer looked before it was
+    real = MilvusStore._alias_exists
+    monkeypatch.setattr(MilvusStore, "_alias_exists", lambda self: stale.pop() if stale else real(self))
+    milvus_store.activate(second.version)
+    assert milvus_store.current_version() == second.version and len(milvus_store.load()) == 200
+
+
 def test_a_staging_folder_is_never_taken_over(tmp_path):
     from paraseek.index.snapshot import begin_version, clean_stale_staging, staging_dir
 
