@@ -19,6 +19,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
+from paraseek.core import __version__
 from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
 from paraseek.core.memory import MemorySampler
@@ -30,15 +31,18 @@ from paraseek.index.faiss_index import (
 from paraseek.index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
 from paraseek.index.recall import RECALL_QUERIES, measure_recall
 from paraseek.index.snapshot import FaissStore, Snapshot, publish
-from paraseek.index.store import SearchableSnapshot, SnapshotStore
+from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore
 from paraseek.index.unchanged_images import (
     DIGEST_FIELD,
+    INPUTS_FIELD,
     STAMP_FIELD,
     TOWER_FIELD,
     Reused,
     content_digest,
     file_stamp,
+    inputs_digest,
     reusable_vectors,
+    source_stamps,
 )
 from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector_source
 from paraseek.index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
@@ -254,16 +258,32 @@ def build_snapshot(
 
     ``reuse``: photos whose file is unchanged since the current version indexed them (same path, size
     and modification time) keep that version's vectors when the same image tower made them
-    (``unchanged_images``); only new and changed files are encoded. False encodes every file."""
+    (``unchanged_images``); only new and changed files are encoded. When nothing changed at all (the
+    same files, captions, bundle and index settings: ``inputs_digest``), no version is written: the
+    result is the current version, its report ``{"unchanged": True, ...}``. False encodes every file
+    into a new version."""
     if not encoder.has_image_tower:
         raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
+    began = time.perf_counter()
     src = source if isinstance(source, ImageSource) else open_source(source, image_root)
     store = as_store(out_root)
     store.clean_stale()
+    target_recall = default_target_recall(spec, target_recall)
+    spec = spec or IndexSpec()
+    stamps = source_stamps(src)
+    inputs = inputs_digest(src.records, stamps, src.rejected, {
+        "bundle": bundle_ref(encoder).model_dump(mode="json"), "image_tower": encoder.image_tower_id,
+        "index": spec.model_dump(mode="json"), "target_recall": target_recall, "kind": src.kind,
+        "root": str(src.root.resolve()), "annotations": str(src.annotations.resolve()) if src.annotations else None,
+        "paraseek": __version__})
+    if reuse and (same := _current_built_from(store, encoder, inputs)) is not None:
+        same.report.update(images_total=len(src.records), seconds=round(time.perf_counter() - began, 3))
+        return same
     version = store.begin_version()
     try:
         start = time.perf_counter()
-        reused, reused_from = unchanged_in_current(store, encoder, src) if reuse else (Reused.none(encoder.dim), None)
+        reused, reused_from = (unchanged_in_current(store, encoder, src, stamps) if reuse
+                               else (Reused.none(encoder.dim), None))
         n_reused = len(reused.positions)
         taken = set(reused.positions.tolist())
         if n_reused and on_progress:
@@ -292,27 +312,52 @@ def build_snapshot(
         }
         provenance = {"kind": src.kind, "root": str(src.root.resolve()),
                       "annotations": str(src.annotations.resolve()) if src.annotations else None,
-                      "image_roots": [str(src.root.resolve())], TOWER_FIELD: encoder.image_tower_id}
+                      "image_roots": [str(src.root.resolve())], TOWER_FIELD: encoder.image_tower_id,
+                      INPUTS_FIELD: inputs}
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
-        where, manifest = _finish(store, draft, encoder, spec or IndexSpec(), activate=activate,
-                                  target_recall=default_target_recall(spec, target_recall))
+        where, manifest = _finish(store, draft, encoder, spec, activate=activate, target_recall=target_recall)
     except BaseException:
         store.abort_version(version)  # nothing half-written stays behind; current untouched
         raise
     return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
 
 
-def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource) -> tuple[Reused, str | None]:
-    """The current version's vectors of the source's unchanged files, and that version's name (None when
-    it has none to give: no current version, another image tower, or one that cannot be read)."""
+def derived_provenance(source: dict) -> dict:
+    """The provenance of a version made from another (an update, a copy): the other's, less its inputs
+    digest, since a build of those inputs would not write this version."""
+    return {k: v for k, v in source.items() if k != INPUTS_FIELD}
+
+
+def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str) -> BuildResult | None:
+    """The current version when a build of these very inputs wrote it and it still reads back whole
+    (checksums on FAISS, the row count on Milvus): building again would write the same version."""
+    try:
+        if store.current_version() is None:
+            return None
+        manifest = store.manifest()
+        if manifest.source.get(INPUTS_FIELD) != inputs:
+            return None
+        store.load(manifest.version, image_space=encoder.image_space, use_gpu=False).close()
+    except (SnapshotError, IndexUnavailable) as exc:  # rebuilt (or refused) by the build that follows
+        log.warning("not keeping the current version as it is: %s", exc)
+        return None
+    log.info("nothing changed since %s was built: it stays current", manifest.version)
+    report: dict = {"unchanged": True, "indexed": manifest.count, "encoded": 0, "reused": 0, "reused_from": None,
+                    "moved": 0, "skipped": []}
+    return BuildResult(store.location(manifest.version), manifest, [], 0.0, report)
+
+
+def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource,
+                         stamps: Sequence[list[int] | None]) -> tuple[Reused, str | None]:
+    """The current version's vectors of the source's unchanged files (``stamps``: their ``file_stamp``s),
+    and that version's name (None when it has none to give: no current version, another image tower,
+    or one that cannot be read)."""
     none = Reused.none(encoder.dim), None
     try:
         if encoder.image_tower_id is None or store.current_version() is None:
             return none
         if store.manifest().source.get(TOWER_FIELD) != encoder.image_tower_id:
             return none  # another tower (or vectors computed elsewhere): every photo is encoded
-        root = str(src.root)
-        stamps = [file_stamp(os.path.join(root, r.path)) for r in src.records]
         base = store.load(image_space=encoder.image_space, use_gpu=False)  # read, not searched
     except SnapshotError as exc:  # reuse only saves time: a version that cannot be read is rebuilt from the files
         log.warning("not reusing vectors of the current version: %s", exc)
@@ -352,7 +397,7 @@ def update_snapshot(
     store = as_store(root)
     base = store.load(image_space=encoder.image_space, use_gpu=False)  # its contents are read, not searched
     m = base.manifest
-    source = dict(m.source)
+    source = derived_provenance(m.source)
     ids, vectors, metadata = base.contents()
     skipped: list[dict] = []
     added = 0
@@ -659,7 +704,7 @@ def copy_snapshot(source: SearchableSnapshot, store: SnapshotStore, *, spec: Ind
         raise BuildError(f"snapshot {m.version} is empty: nothing to copy")
     store.clean_stale()
     report = {"copied_from": {"backend": m.backend, "version": m.version}, "indexed": len(ids), "skipped": []}
-    draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, m.source, report)
+    draft = VersionDraft(store.new_version_name(), vectors, ids, metadata, derived_provenance(m.source), report)
     if encoder is not None:
         queries, query_source = _recall_queries(encoder, metadata, vectors)
     else:

@@ -187,8 +187,8 @@ def build_cmd(
     hub_table: Optional[bool] = typer.Option(None, "--hub-table/--no-hub-table", help=HUB_TABLE_HELP),
     reuse: bool = typer.Option(True, "--reuse/--reencode", help="Take the vectors of files unchanged since the current "
                                "version indexed them (same path, size and modification time, or the same bytes under "
-                               "another path; same image tower) instead of encoding them again; --reencode encodes "
-                               "every file."),
+                               "another path; same image tower) instead of encoding them again, and keep the current "
+                               "version when nothing changed at all; --reencode encodes every file into a new version."),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
     if (source is None) == (embeddings is None):
@@ -230,6 +230,12 @@ def build_cmd(
         unit = "images"
     m = result.manifest
     publish_with_hub_table(store, m.version, bank)
+    if result.report.get("unchanged"):
+        console.print(f"nothing changed since {m.version} was built (the same files, captions, bundle and index "
+                      f"settings): it stays current, {m.count} {unit}; --reencode builds a new version all the same",
+                      soft_wrap=True, highlight=False)
+        console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
+        return
     console.print(
         f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
         f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""),

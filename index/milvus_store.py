@@ -220,6 +220,9 @@ class MilvusStore(SnapshotStore):
     def collection(self, version: str) -> str:
         return f"{self.prefix}_{version.replace('-', '_')}"
 
+    def location(self, version: str) -> str:
+        return self.collection(version)
+
     # -- versions --------------------------------------------------------------------------------
     @_outage_is_unavailable
     def versions(self) -> list[str]:

@@ -552,6 +552,9 @@ class FaissStore(SnapshotStore):
     def clean_stale(self) -> list[str]:
         return clean_stale_staging(self.root)
 
+    def location(self, version: str) -> str:
+        return str(self.root / VERSIONS / version)
+
     def new_version_name(self) -> str:
         """A reserved name (``begin_version``): ``write_version`` fills its staging folder."""
         return self.begin_version()

@@ -227,6 +227,10 @@ class SnapshotStore(ABC):
         write stays visible."""
 
     @abstractmethod
+    def location(self, version: str) -> str:
+        """Where a version lives: its folder (FAISS), its collection (Milvus)."""
+
+    @abstractmethod
     def new_version_name(self) -> str: ...
 
     @abstractmethod

@@ -8,24 +8,29 @@ unchanged from the current version. The other files of a size some recorded file
 hashed (reading costs far less than decoding and encoding): one whose digest the version recorded
 keeps that vector, wherever it lies now (moved, renamed, copied, or touched without a change). The
 rest are encoded.
+
+A build also records a digest of all it read and how it indexed (``inputs_digest``): when the next
+build's digest is the same, nothing changed, and the current version stays as it is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from paraseek.index.image_sources import ImageRecord
+from paraseek.index.image_sources import ImageRecord, ImageSource
 from paraseek.index.store import SearchableSnapshot
 
 STAMP_FIELD = "file_stamp"  # metadata row: [size in bytes, modification time in ns] of the file read
 TOWER_FIELD = "image_tower"  # manifest source: the image tower id the version's vectors were made with
 DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the file's bytes (files, not tar members)
+INPUTS_FIELD = "inputs_digest"  # manifest source: inputs_digest of the build that wrote the version
 
 
 def content_digest(data: bytes) -> str:
@@ -49,6 +54,26 @@ def file_stamp(path: str | os.PathLike) -> list[int] | None:
     except OSError:
         return None
     return [int(st.st_size), int(st.st_mtime_ns)]
+
+
+def source_stamps(src: ImageSource) -> list[list[int] | None]:
+    """The ``file_stamp`` of each of the source's records, in order."""
+    root = str(src.root)
+    return [file_stamp(os.path.join(root, r.path)) for r in src.records]
+
+
+def inputs_digest(records: Sequence[ImageRecord], stamps: Sequence[list[int] | None], rejected: Sequence[dict],
+                  settings: dict) -> str:
+    """A digest of what an image build's version follows from: every record (id, path, captions, licence,
+    urls, tar member) with its file's stamp, the files refused before decoding, and ``settings`` (the
+    bundle and image tower, the index spec, the recall target, the source, the paraseek version). Two
+    builds with one digest write the same version."""
+    h = hashlib.blake2b(json.dumps(settings, sort_keys=True, default=str).encode(), digest_size=16)
+    for record, stamp in zip(records, stamps, strict=True):
+        h.update(json.dumps([astuple(record), stamp], default=str).encode())
+        h.update(b"\n")  # one line a record: a field's text cannot run into the next record's
+    h.update(json.dumps(list(rejected), sort_keys=True, default=str).encode())
+    return h.hexdigest()
 
 
 def _key(root: str, path: str, member: str | None, offset: int | None) -> tuple[str, str | None, int | None]:

@@ -34,7 +34,7 @@ from paraseek.index.builder import build_snapshot, bundle_ref, unchanged_in_curr
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp
+from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp, source_stamps
 from paraseek.index.versions import VersionDraft
 from paraseek.loadtests.bench_index import DEFAULT_DATA
 
@@ -76,7 +76,7 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple
         t0 = time.perf_counter()
         src = open_source(folder)
         t1 = time.perf_counter()
-        reused, _ = unchanged_in_current(store, encoder, src)
+        reused, _ = unchanged_in_current(store, encoder, src, source_stamps(src))
         found.append(time.perf_counter() - t1)
         opened.append(t1 - t0)
         assert len(reused.positions) == n, "every unchanged file's vector is found"

@@ -120,6 +120,12 @@ class JobManager:
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
                 activate=False, reuse=req.reuse,
             )
+            if result.report.get("unchanged") and current is not None and current.snapshot.version == result.manifest.version:
+                engine.metrics.reindex.labels("succeeded").inc()  # nothing changed: the served version stays
+                self._update(job_id, state="succeeded", finished_at=_now(), report=result.report,
+                             snapshot_version=result.manifest.version)
+                log.info("reindex %s: nothing changed, still serving snapshot %s", job_id, result.manifest.version)
+                return
             active = Active(encoder, load_snapshot(store, encoder.image_space, settings, result.manifest.version),
                             first_answer_for(current, encoder))
             validate_snapshot(active)

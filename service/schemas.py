@@ -330,8 +330,9 @@ class ReindexRequest(StrictModel):
     index_type: IndexType = "auto"
     index_params: dict = Field(default_factory=dict)
     reuse: bool = Field(True, description="take the serving version's vectors of files unchanged since it indexed them "
-                        "(same path, size and modification time, or the same bytes elsewhere; same image tower); "
-                        "false encodes every file")
+                        "(same path, size and modification time, or the same bytes elsewhere; same image tower), "
+                        "and keep serving the current version when nothing changed at all (the job's report says "
+                        "unchanged); false encodes every file into a new version")
 
 
 class ReloadRequest(StrictModel):

@@ -37,6 +37,9 @@ def test_index_build_and_search_json(home, shared_data, tmp_path):
     again = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out)])
     assert again.exit_code == 0, again.output
     assert "159 vectors reused from" in again.output and "0 images encoded" in again.output  # the photos are unchanged
+    same = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out)])
+    assert same.exit_code == 0 and "nothing changed since" in same.output and "it stays current" in same.output, same.output
+    assert len(list((out / "versions").iterdir())) == 2  # no third version
     r = runner.invoke(app, ["index", "search", "two giraffes", "--snapshot", str(out), "-k", "4", "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.output)

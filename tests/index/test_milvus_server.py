@@ -41,11 +41,16 @@ def test_cli_build_into_a_real_server_publishes_and_searches(milvus_standalone, 
                                      "--bundle", str(starter_bundle), "-k", "5", "--json"])
     assert found.exit_code == 0, found.output
     assert "bus" in found.output.lower()
-    # a rebuild reads the server's vectors of the unchanged photos back instead of encoding them again
-    again = CliRunner().invoke(app, ["index", "build", str(COCO_VAL_JSON), "--bundle", str(starter_bundle),
-                                     "--backend", "milvus", "--uri", uri, "--collection", "val"])
+    # a rebuild (another index type) reads the server's vectors of the unchanged photos back instead of encoding them
+    build = ["index", "build", str(COCO_VAL_JSON), "--bundle", str(starter_bundle), "--backend", "milvus", "--uri", uri,
+             "--collection", "val", "--type", "hnsw"]
+    again = CliRunner().invoke(app, build)
     assert again.exit_code == 0, again.output
     assert "159 vectors reused from v0001-" in again.output and "0 images encoded" in again.output
+    # the same build once more: nothing changed, no third collection
+    same = CliRunner().invoke(app, build)
+    assert same.exit_code == 0 and "nothing changed since v0002-" in same.output, same.output
+    assert len(MilvusStore(uri, prefix="val").versions()) == 2
 
 
 def test_search_and_filters_match_faiss_exactly(milvus_standalone, demo_snapshot, starter_encoder):

@@ -11,8 +11,19 @@ import pytest
 
 from paraseek.core.encoder import Encoder
 from paraseek.index.builder import build_snapshot, update_snapshot
+from paraseek.index.faiss_index import IndexSpec
+from paraseek.index.image_sources import ImageRecord
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import DIGEST_FIELD, STAMP_FIELD, TOWER_FIELD, content_digest, file_digest, file_stamp
+from paraseek.index.unchanged_images import (
+    DIGEST_FIELD,
+    INPUTS_FIELD,
+    STAMP_FIELD,
+    TOWER_FIELD,
+    content_digest,
+    file_digest,
+    file_stamp,
+    inputs_digest,
+)
 
 BOTH_BACKENDS = True
 
@@ -35,6 +46,32 @@ def test_file_digest_is_the_digest_of_the_bytes_read(tmp_path):
     f.write_bytes(b"abd")
     assert file_digest(f) != content_digest(b"abc")
     assert file_digest(tmp_path / "missing.jpg") is None and file_digest(tmp_path) is None  # a folder cannot be read
+
+
+def test_inputs_digest_changes_with_anything_a_build_reads():
+    records = [ImageRecord(1, "a.jpg", captions=["a dog"]), ImageRecord(2, "b.jpg", license={"name": "cc-by"})]
+    stamps = [[10, 1_000], [20, 2_000]]
+    settings = {"index": {"type": "auto"}, "image_tower": "t1"}
+    base = inputs_digest(records, stamps, [], settings)
+    assert inputs_digest(copy.deepcopy(records), [list(s) for s in stamps], [], dict(settings)) == base
+    recaptioned = copy.deepcopy(records)
+    recaptioned[0].captions = ["a cat"]
+    renamed = copy.deepcopy(records)
+    renamed[1].path = "c.jpg"
+    changed = [
+        inputs_digest(recaptioned, stamps, [], settings),
+        inputs_digest(renamed, stamps, [], settings),
+        inputs_digest(records, [[10, 1_000], [20, 2_001]], [], settings),  # b.jpg rewritten
+        inputs_digest(records, [[10, 1_000], None], [], settings),  # b.jpg unreadable now
+        inputs_digest(records[:1], stamps[:1], [], settings),
+        inputs_digest(records[::-1], stamps[::-1], [], settings),  # another order: other positions
+        inputs_digest(records, stamps, [{"path": "x.jpg", "error": "a link out of the root"}], settings),
+        inputs_digest(records, stamps, [], {**settings, "index": {"type": "flat"}}),
+        inputs_digest(records, stamps, [], {**settings, "image_tower": "t2"}),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+    with pytest.raises(ValueError):
+        inputs_digest(records, stamps[:1], [], settings)  # a stamp for every record
 
 
 @pytest.fixture()
@@ -82,9 +119,9 @@ def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_
     before = vectors_by_id(store)
 
     counted_encodes.clear()
-    again = build_snapshot(photos, starter_encoder, store, progress=False)
+    again = build_snapshot(photos, starter_encoder, store, progress=False, spec=IndexSpec(type="flat"))  # another index
     assert counted_encodes == [] and again.report["reused"] == 6 and again.report["reused_from"] == first.manifest.version
-    assert again.report["encoded"] == 0
+    assert again.report["encoded"] == 0 and again.manifest.version != first.manifest.version
     assert again.manifest.count == 6 and again.manifest.parent is None
     assert {i: v.tobytes() for i, v in vectors_by_id(store).items()} == {i: v.tobytes() for i, v in before.items()}
 
@@ -142,6 +179,38 @@ def test_moved_renamed_and_copied_photos_are_found_by_their_bytes(backend, photo
     # every row records the digest and stamp of the file it now names, for the next build
     assert all(row[DIGEST_FIELD] == file_digest(photos / row["path"]) and row[STAMP_FIELD] == file_stamp(photos / row["path"])
                for row in rows)
+
+
+def test_a_rebuild_with_nothing_changed_keeps_the_current_version(backend, photos, starter_encoder, counted_encodes,
+                                                                  shared_data, tmp_path, request):
+    store = store_for(backend, tmp_path, request)
+    first = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert len(first.manifest.source[INPUTS_FIELD]) == 32
+    counted_encodes.clear()
+    same = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert same.report["unchanged"] and same.report["images_total"] == 6 and same.report["encoded"] == 0
+    assert same.manifest == first.manifest and same.location == first.location and counted_encodes == []
+    assert store.versions() == [first.manifest.version] and store.current_version() == first.manifest.version
+    if backend == "faiss":
+        assert not list((tmp_path / "snap" / "versions").glob(".tmp-*"))  # no version begun
+
+    # a version derived from the build (an update) is not what building those inputs writes: built again
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    shutil.copy(sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[10], extra / "x.jpg")
+    updated = update_snapshot(store, starter_encoder, add=extra, progress=False)
+    assert INPUTS_FIELD not in updated.manifest.source
+    rebuilt = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert "unchanged" not in rebuilt.report and rebuilt.report["reused"] == 6 and rebuilt.manifest.count == 6
+    assert store.current_version() == rebuilt.manifest.version
+    # a touched photo (same bytes) is a change of inputs: a new version, its vector found by its digest
+    stamp = file_stamp(next(photos.iterdir()))
+    assert stamp is not None
+    os.utime(next(photos.iterdir()), ns=(stamp[1] + 10**9, stamp[1] + 10**9))
+    counted_encodes.clear()
+    touched = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert "unchanged" not in touched.report and touched.manifest.version != rebuilt.manifest.version
+    assert touched.report["reused"] == 6 and counted_encodes == []
 
 
 def contents_by_row(store) -> tuple[list[np.ndarray], list[dict]]:
@@ -226,3 +295,6 @@ def test_a_current_version_that_fails_its_checksums_is_not_reused_and_the_build_
     rebuilt = build_snapshot(photos, starter_encoder, root, progress=False)
     assert rebuilt.report["reused"] == 0 and sum(counted_encodes) == 6  # encoded from the files instead
     assert "not reusing vectors of the current version" in caplog.text and "vectors.npy" in caplog.text
+    # the same inputs, but a version that no longer reads back whole is not kept
+    assert "not keeping the current version as it is" in caplog.text
+    assert rebuilt.manifest.version != first.manifest.version

@@ -69,6 +69,7 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
             assert job["state"] == "succeeded", job
             return job
 
+        versions_before = len(list((snapshot_copy / "versions").iterdir()))
         first = reindex()
         assert first["report"]["encoded"] == 3 and first["report"]["reused"] == 0  # the demo's photos are other files
         shutil.copy(photos[3], root / "added.jpg")
@@ -76,6 +77,9 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         assert second["report"]["reused"] == 3 and second["report"]["encoded"] == 1
         assert second["report"]["reused_from"] == first["snapshot_version"] and second["progress"]["done"] == 4
         assert c.get("/v1/info").json()["snapshot"]["version"] == second["snapshot_version"]
+        same = reindex()  # nothing changed since: no new version, no swap
+        assert same["report"]["unchanged"] and same["snapshot_version"] == second["snapshot_version"]
+        assert same["report"]["encoded"] == 0 and len(list((snapshot_copy / "versions").iterdir())) == versions_before + 2
         third = reindex(reuse=False)
         assert third["report"]["reused"] == 0 and third["report"]["encoded"] == 4
         # operators see the work reindexes did (the dashboard's "Reindexed images" panel)
