@@ -7,14 +7,16 @@ two builds of the folder side by side, alternating which goes first: one with
 ``reuse=False`` (every photo encoded, what a reindex cost before) and one as a reindex runs by default
 (the current version's vectors for unchanged files). Both publish a version into their own store. The
 ratio is the reused build's speed-up; the vectors of both builds are compared to show they agree.
+Last, the reusing store is built ``--rounds`` times more with nothing changed: no version is written.
 
     python -m paraseek.loadtests.bench_reindex [--data ../shared/data] [--bundle DIR] [--changed 0.05] [--moved 0.5]
         [--rounds 3] [--files 100000]
 
 Without ``--bundle`` the starter is built as shipped (its whole photo and 3 x 3 crops: torch needed).
 With ``--files N`` it also times what a rebuild of a folder of N unchanged files spends before encoding
-anything: listing and confining the folder, and finding every file's vector in the current version (a
-version of placeholder files and random vectors, written as a build of them would write it).
+anything: listing and confining the folder, finding every file's vector in the current version (a
+version of placeholder files and random vectors, written as a build of them would write it), and the
+digest of the inputs that tells a rebuild with nothing changed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from paraseek.index.builder import build_snapshot, bundle_ref, unchanged_in_curr
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp, source_stamps
+from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp, inputs_digest, source_stamps
 from paraseek.index.versions import VersionDraft
 from paraseek.loadtests.bench_index import DEFAULT_DATA
 
@@ -55,8 +57,9 @@ def vectors(store: FaissStore) -> dict[int, np.ndarray]:
     return {int(i): np.asarray(v) for i, v in zip(ids, vecs)}
 
 
-def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple[float, float]:
-    """Median seconds to open a folder of ``n`` unchanged files as a source, and then to find their vectors."""
+def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple[float, float, float]:
+    """Median seconds to open a folder of ``n`` unchanged files as a source, then to find their vectors, and
+    to digest the source's inputs (what ``build_snapshot`` compares with the current version's)."""
     for i in range(n):
         path = folder / f"{i // 1000:04d}" / f"{i:08d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,16 +74,20 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple
     draft = VersionDraft(store.begin_version(), vecs, np.array([r.id for r in src.records], np.int64), rows,
                          {"kind": "folder", "root": root, "image_roots": [root], TOWER_FIELD: encoder.image_tower_id}, {})
     store.write_version(draft, bundle_ref(encoder), IndexSpec(type="flat"), queries=vecs[:10], query_source="a sample")
-    opened, found = [], []
+    opened, found, digested = [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         src = open_source(folder)
         t1 = time.perf_counter()
-        reused, _ = unchanged_in_current(store, encoder, src, source_stamps(src))
-        found.append(time.perf_counter() - t1)
+        stamps = source_stamps(src)
+        reused, _ = unchanged_in_current(store, encoder, src, stamps)
+        t2 = time.perf_counter()
+        inputs_digest(src.records, stamps, src.rejected, {"index": IndexSpec().model_dump(mode="json")})
+        digested.append(time.perf_counter() - t2)
+        found.append(t2 - t1)
         opened.append(t1 - t0)
         assert len(reused.positions) == n, "every unchanged file's vector is found"
-    return statistics.median(opened), statistics.median(found)
+    return statistics.median(opened), statistics.median(found), statistics.median(digested)
 
 
 def main(argv=None) -> dict:
@@ -132,6 +139,12 @@ def main(argv=None) -> dict:
                 encoded[name].append(built.report["encoded"])
                 if name == "reuse unchanged":
                     moved.append(built.report["moved"])
+        kept: list[float] = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            same = build_snapshot(tmp / "photos", encoder, stores["reuse unchanged"], progress=False)
+            kept.append(time.perf_counter() - t0)
+            assert same.report.get("unchanged"), "a build with nothing changed keeps the current version"
         a, b = vectors(stores["encode all"]), vectors(stores["reuse unchanged"])
         worst = max(float(np.abs(a[i] - b[i]).max()) for i in a) if set(a) == set(b) else float("inf")
         median = {name: statistics.median(s) for name, s in seconds.items()}
@@ -141,15 +154,18 @@ def main(argv=None) -> dict:
         print(f"{'build':16} {'seconds':>8} {'encoded':>8}")
         for name in stores:
             print(f"{name:16} {median[name]:8.2f} {statistics.median(encoded[name]):8.0f}")
+        print(f"{'nothing changed':16} {statistics.median(kept):8.2f} {0:8d}  (no version written)")
         speedup = median["encode all"] / median["reuse unchanged"]
         print(f"reuse unchanged / encode all: {speedup:.1f}x faster; largest difference between their vectors {worst:.2e}")
         result: dict = {"seconds": median, "encoded": {k: statistics.median(v) for k, v in encoded.items()}, "speedup": speedup,
-                  "max_abs_difference": worst, "photos": len(photos), "changed": n_changed, "moved": statistics.median(moved)}
+                  "max_abs_difference": worst, "photos": len(photos), "changed": n_changed, "moved": statistics.median(moved),
+                  "unchanged_s": statistics.median(kept)}
         if args.files:
-            opened, found = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
+            opened, found, digested = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
             print(f"a rebuild of {args.files} unchanged files before encoding anything: {opened:.2f} s listing and confining "
-                  f"the folder, {found:.2f} s finding their vectors ({(opened + found) / args.files * 1e6:.0f} us a file)")
-            result["lookup"] = {"files": args.files, "open_s": opened, "find_s": found}
+                  f"the folder, {found:.2f} s finding their vectors ({(opened + found) / args.files * 1e6:.0f} us a file); "
+                  f"{digested:.2f} s digesting its inputs")
+            result["lookup"] = {"files": args.files, "open_s": opened, "find_s": found, "digest_s": digested}
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -111,7 +111,7 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
         encoder = Encoder(bundle, load_image=need_snapshot)
         if need_snapshot:
             log.warning("indexing the demo gallery into %s ...", snap_root)
-            build_demo_snapshot(encoder, snap_root, progress=progress)
+            build_demo_snapshot(encoder, snap_root, progress=progress, reencode=rebuild)
         if need_bank:
             log.warning("writing the caption bank or its shipped query head into %s ...", bank)
             default_bank(settings.home, encoder)
