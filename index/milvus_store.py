@@ -307,15 +307,24 @@ class MilvusStore(SnapshotStore):
         return removed
 
     def _drop(self, version: str) -> None:
-        name = self.collection(version)
-        if self.client.has_collection(name):
-            self.client.drop_collection(name)
+        self._drop_collection(self.collection(version))
         self.client.delete(self.manifests, filter=f'version == "{version}"')
+
+    def _drop_collection(self, name: str) -> None:
+        try:
+            if self.client.has_collection(name):
+                self.client.drop_collection(name)
+        except self.errors:
+            if self.client.has_collection(name):
+                raise  # still there: not another writer's drop (of a stale build) that came first
 
     @_outage_is_unavailable
     def clean_stale(self, max_age_s: float = STALE_BUILD_AFTER_S) -> list[str]:
         """Versions whose build died: written by a process of this host that is gone, or by anyone
         longer ago than ``max_age_s``; and collections of this prefix that no manifest row names."""
+        # listed before the rows are read: a build writes its row before it creates its collection, so a
+        # collection listed here that no row names is not one whose build began meanwhile
+        listed = self.client.list_collections()
         removed = []
         for row in self._rows("building"):
             try:
@@ -327,9 +336,9 @@ class MilvusStore(SnapshotStore):
                 removed.append(row["version"])
         known = {self.collection(r["version"]) for r in self._rows()}
         pattern = re.compile(rf"^{re.escape(self.prefix)}_v\d{{4}}_\d{{8}}T\d{{6}}Z(?:_[0-9a-f]{{4}})?$")
-        for name in self.client.list_collections():
+        for name in listed:
             if pattern.match(name) and name not in known:
-                self.client.drop_collection(name)
+                self._drop_collection(name)
                 removed.append(name)
         return removed
 

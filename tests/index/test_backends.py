@@ -637,6 +637,50 @@ def test_an_alias_created_by_another_writer_after_the_check_is_moved_not_an_erro
     assert milvus_store.current_version() == second.version and len(milvus_store.load()) == 200
 
 
+def test_clean_stale_keeps_the_collection_of_a_build_that_begins_while_it_runs(milvus_store, monkeypatch):
+    from paraseek.index.milvus_store import MilvusStore
+
+    other = MilvusStore(milvus_store.uri, prefix=milvus_store.prefix)  # a second writer of the collection
+    began: list[str] = []
+    real = MilvusStore._rows
+
+    def rows_then_a_build_begins(self, state=None):
+        rows = real(self, state)
+        if self is milvus_store and state is None and not began:  # after the cleaner read what builds exist
+            began.append(other.begin_version())
+            other._create(other.collection(began[0]), 32)
+        return rows
+
+    monkeypatch.setattr(MilvusStore, "_rows", rows_then_a_build_begins)
+    assert milvus_store.clean_stale() == [] and began
+    assert other.client.has_collection(other.collection(began[0]))
+
+
+def test_dropping_a_collection_another_writer_dropped_first_is_not_an_error(milvus_store, monkeypatch):
+    from pymilvus import MilvusException
+
+    version = milvus_store.begin_version()
+    name = milvus_store.collection(version)
+    milvus_store._create(name, 32)
+    real = milvus_store.client.drop_collection
+
+    def dropped_meanwhile(collection_name, **kwargs):
+        real(collection_name)  # the other writer's drop, between this one's check and its drop
+        raise MilvusException(code=100, message=f"collection not found[collection={collection_name}]")
+
+    monkeypatch.setattr(milvus_store.client, "drop_collection", dropped_meanwhile)
+    milvus_store.abort_version(version)
+    assert not milvus_store.client.has_collection(name) and version not in [r["version"] for r in milvus_store._rows()]
+    milvus_store._create(name, 32)
+
+    def refused(collection_name, **kwargs):
+        raise MilvusException(code=1, message="the server refused")
+
+    monkeypatch.setattr(milvus_store.client, "drop_collection", refused)
+    with pytest.raises(MilvusException):
+        milvus_store._drop_collection(name)  # still there: the failure is this writer's, not a race
+
+
 def test_a_staging_folder_is_never_taken_over(tmp_path):
     from paraseek.index.snapshot import begin_version, clean_stale_staging, staging_dir
 
