@@ -271,11 +271,7 @@ def build_snapshot(
     target_recall = default_target_recall(spec, target_recall)
     spec = spec or IndexSpec()
     stamps = source_stamps(src)
-    inputs = inputs_digest(src.records, stamps, src.rejected, {
-        "bundle": bundle_ref(encoder).model_dump(mode="json"), "image_tower": encoder.image_tower_id,
-        "index": spec.model_dump(mode="json"), "target_recall": target_recall, "kind": src.kind,
-        "root": str(src.root.resolve()), "annotations": str(src.annotations.resolve()) if src.annotations else None,
-        "paraseek": __version__})
+    inputs = build_inputs(src, stamps, encoder, spec, target_recall)
     if reuse and (same := _current_built_from(store, encoder, inputs)) is not None:
         same.report.update(images_total=len(src.records), seconds=round(time.perf_counter() - began, 3))
         return same
@@ -320,6 +316,16 @@ def build_snapshot(
         store.abort_version(version)  # nothing half-written stays behind; current untouched
         raise
     return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
+
+
+def build_inputs(src: ImageSource, stamps: Sequence[list[int] | None], encoder: Encoder, spec: IndexSpec,
+                 target_recall: float | None) -> str:
+    """The ``inputs_digest`` an image build of ``src`` (its files stamped ``stamps``) records."""
+    return inputs_digest(src.records, stamps, src.rejected, {
+        "bundle": bundle_ref(encoder).model_dump(mode="json"), "image_tower": encoder.image_tower_id,
+        "index": spec.model_dump(mode="json"), "target_recall": target_recall, "kind": src.kind,
+        "root": str(src.root.resolve()), "annotations": str(src.annotations.resolve()) if src.annotations else None,
+        "paraseek": __version__})
 
 
 def derived_provenance(source: dict) -> dict:

@@ -16,7 +16,8 @@ Without ``--bundle`` the starter is built as shipped (its whole photo and 3 x 3 
 With ``--files N`` it also times what a rebuild of a folder of N unchanged files spends before encoding
 anything: listing and confining the folder, finding every file's vector in the current version (a
 version of placeholder files and random vectors, written as a build of them would write it), and the
-digest of the inputs that tells a rebuild with nothing changed.
+digest of the inputs that tells a rebuild with nothing changed; and a whole rebuild of that folder with
+nothing changed (it keeps the version: no file is decoded).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from paraseek.core.encoder import Encoder
-from paraseek.index.builder import build_snapshot, bundle_ref, unchanged_in_current
+from paraseek.index.builder import build_inputs, build_snapshot, bundle_ref, unchanged_in_current
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import STAMP_FIELD, TOWER_FIELD, file_stamp, inputs_digest, source_stamps
+from paraseek.index.unchanged_images import INPUTS_FIELD, STAMP_FIELD, TOWER_FIELD, source_stamps
 from paraseek.index.versions import VersionDraft
 from paraseek.loadtests.bench_index import DEFAULT_DATA
 
@@ -57,9 +58,10 @@ def vectors(store: FaissStore) -> dict[int, np.ndarray]:
     return {int(i): np.asarray(v) for i, v in zip(ids, vecs)}
 
 
-def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple[float, float, float]:
-    """Median seconds to open a folder of ``n`` unchanged files as a source, then to find their vectors, and
-    to digest the source's inputs (what ``build_snapshot`` compares with the current version's)."""
+def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> dict[str, float]:
+    """Median seconds to open a folder of ``n`` unchanged files as a source (``open_s``), then to find their
+    vectors (``find_s``), to digest the source's inputs (``digest_s``: what ``build_snapshot`` compares with
+    the current version's), and of a whole ``build_snapshot`` with nothing changed (``unchanged_build_s``)."""
     for i in range(n):
         path = folder / f"{i // 1000:04d}" / f"{i:08d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,14 +69,17 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple
     src = open_source(folder)
     vecs = np.random.default_rng(0).standard_normal((n, encoder.dim)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    rows = [{"id": r.id, "path": r.path, "width": 640, "height": 480, STAMP_FIELD: file_stamp(src.root / r.path)}
-            for r in src.records]
+    stamps = source_stamps(src)
+    rows = [{"id": r.id, "path": r.path, "width": 640, "height": 480, STAMP_FIELD: stamp}
+            for r, stamp in zip(src.records, stamps)]
     store = FaissStore(folder.parent / "lookup-snap")
     root = str(folder.resolve())
+    spec = IndexSpec(type="flat")
     draft = VersionDraft(store.begin_version(), vecs, np.array([r.id for r in src.records], np.int64), rows,
-                         {"kind": "folder", "root": root, "image_roots": [root], TOWER_FIELD: encoder.image_tower_id}, {})
-    store.write_version(draft, bundle_ref(encoder), IndexSpec(type="flat"), queries=vecs[:10], query_source="a sample")
-    opened, found, digested = [], [], []
+                         {"kind": "folder", "root": root, "image_roots": [root], TOWER_FIELD: encoder.image_tower_id,
+                          INPUTS_FIELD: build_inputs(src, stamps, encoder, spec, None)}, {})
+    store.write_version(draft, bundle_ref(encoder), spec, queries=vecs[:10], query_source="a sample")
+    opened, found, digested, whole = [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         src = open_source(folder)
@@ -82,12 +87,17 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> tuple
         stamps = source_stamps(src)
         reused, _ = unchanged_in_current(store, encoder, src, stamps)
         t2 = time.perf_counter()
-        inputs_digest(src.records, stamps, src.rejected, {"index": IndexSpec().model_dump(mode="json")})
+        build_inputs(src, stamps, encoder, spec, None)
         digested.append(time.perf_counter() - t2)
         found.append(t2 - t1)
         opened.append(t1 - t0)
         assert len(reused.positions) == n, "every unchanged file's vector is found"
-    return statistics.median(opened), statistics.median(found), statistics.median(digested)
+        t3 = time.perf_counter()
+        kept = build_snapshot(folder, encoder, store, spec=spec, progress=False)
+        whole.append(time.perf_counter() - t3)
+        assert kept.report.get("unchanged"), "a build of the unchanged folder keeps the version"
+    return {"open_s": statistics.median(opened), "find_s": statistics.median(found),
+            "digest_s": statistics.median(digested), "unchanged_build_s": statistics.median(whole)}
 
 
 def main(argv=None) -> dict:
@@ -161,11 +171,13 @@ def main(argv=None) -> dict:
                   "max_abs_difference": worst, "photos": len(photos), "changed": n_changed, "moved": statistics.median(moved),
                   "unchanged_s": statistics.median(kept)}
         if args.files:
-            opened, found, digested = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
+            lookup = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
+            opened, found = lookup["open_s"], lookup["find_s"]
             print(f"a rebuild of {args.files} unchanged files before encoding anything: {opened:.2f} s listing and confining "
                   f"the folder, {found:.2f} s finding their vectors ({(opened + found) / args.files * 1e6:.0f} us a file); "
-                  f"{digested:.2f} s digesting its inputs")
-            result["lookup"] = {"files": args.files, "open_s": opened, "find_s": found, "digest_s": digested}
+                  f"{lookup['digest_s']:.2f} s digesting its inputs; a whole build of the folder with nothing changed "
+                  f"{lookup['unchanged_build_s']:.2f} s (the version kept)")
+            result["lookup"] = {"files": args.files, **lookup}
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
