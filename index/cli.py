@@ -190,7 +190,8 @@ def build_cmd(
                                "another path; same image tower) instead of encoding them again, and keep the current "
                                "version when nothing changed at all; --reencode encodes every file into a new version."),
 ):
-    """Embed a source (or take precomputed vectors) into a new snapshot version and publish it."""
+    """Embed a source (or take precomputed vectors) into a new snapshot version and publish it (an image source
+    with nothing changed since the current version was built keeps that version)."""
     if (source is None) == (embeddings is None):
         raise UserError("give an image source or --embeddings PATH (one of the two)")
     if query_vectors is not None and embeddings is None:
