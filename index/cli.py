@@ -245,7 +245,7 @@ def build_cmd(
     console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
     if result.report.get("reused"):
         r = result.report
-        moved = f", {r['moved']} of them moved or renamed" if r.get("moved") else ""
+        moved = f", {r['moved']} of them found by their bytes: moved, renamed or touched" if r.get("moved") else ""
         console.print(f"{r['reused']} vectors reused from {r['reused_from']} (files unchanged{moved}), "
                       f"{r['encoded']} images encoded", soft_wrap=True, highlight=False)
     if "peak_private_mb" in result.report:
