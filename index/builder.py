@@ -318,6 +318,28 @@ def build_snapshot(
     return BuildResult(where, manifest, skipped, len(kept) / max(seconds, 1e-9), report)
 
 
+def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str | Path | SnapshotStore, *,
+               spec: IndexSpec | None = None, image_root: str | Path | None = None,
+               target_recall: float | None = None, reuse: bool = True) -> dict:
+    """What ``build_snapshot`` with these arguments would do, with nothing encoded or written: whether
+    the current version would stay (``unchanged``), else how many photos would keep the current
+    version's vectors (``reuse``; ``moved`` of them found by their bytes) and how many would be encoded
+    (``encode``: new and changed files, those that fail to decode included)."""
+    if not encoder.has_image_tower:
+        raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
+    src = source if isinstance(source, ImageSource) else open_source(source, image_root)
+    store = as_store(out_root)
+    target_recall = default_target_recall(spec, target_recall)
+    stamps = source_stamps(src)
+    plan: dict = {"images_total": len(src.records), "refused": len(src.rejected), "current": store.current_version()}
+    if reuse and (same := _current_built_from(store, encoder, build_inputs(src, stamps, encoder, spec or IndexSpec(),
+                                                                           target_recall))) is not None:
+        return {**plan, "unchanged": True, "reuse": same.manifest.count, "moved": 0, "encode": 0}
+    reused, _ = unchanged_in_current(store, encoder, src, stamps) if reuse else (Reused.none(encoder.dim), None)
+    return {**plan, "unchanged": False, "reuse": len(reused.positions), "moved": reused.moved,
+            "encode": len(src.records) - len(reused.positions)}
+
+
 def build_inputs(src: ImageSource, stamps: Sequence[list[int] | None], encoder: Encoder, spec: IndexSpec,
                  target_recall: float | None) -> str:
     """The ``inputs_digest`` an image build of ``src`` (its files stamped ``stamps``) records."""

@@ -18,7 +18,14 @@ from paraseek.core.encoder import Encoder, configured_providers
 from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
-from paraseek.index.builder import build_snapshot, build_snapshot_from_vectors, copy_snapshot, export_snapshot_vectors, update_snapshot
+from paraseek.index.builder import (
+    build_snapshot,
+    build_snapshot_from_vectors,
+    copy_snapshot,
+    export_snapshot_vectors,
+    plan_build,
+    update_snapshot,
+)
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.filters import SearchFilter
 from paraseek.index.snapshot import Snapshot, check_image_space, read_snapshot_manifest, resolve
@@ -131,6 +138,20 @@ def publish_with_hub_table(store: SnapshotStore, version: str, bank: CaptionBank
     store.activate(version)
 
 
+def print_plan(plan: dict) -> None:
+    """``plan_build``'s answer, as ``index build --dry-run`` says it."""
+    if plan["unchanged"]:
+        console.print(f"dry run: nothing changed since {plan['current']} was built: it would stay current "
+                      f"({plan['reuse']} images)", soft_wrap=True, highlight=False)
+    else:
+        moved = f" ({plan['moved']} of them found by their bytes)" if plan["moved"] else ""
+        reused = f"{plan['reuse']} vectors would be reused from {plan['current']}{moved}, " if plan["current"] else ""
+        console.print(f"dry run: {plan['images_total']} images; {reused}{plan['encode']} images would be encoded into "
+                      "a new version", soft_wrap=True, highlight=False)
+    if plan["refused"]:
+        console.print(f"{plan['refused']} files refused (links or names that lead outside the folder)", highlight=False)
+
+
 def index_spec(index_type: str, params: str | None) -> IndexSpec:
     try:
         return IndexSpec.model_validate({"type": index_type, **(json.loads(params) if params else {})})
@@ -189,6 +210,8 @@ def build_cmd(
                                "version indexed them (same path, size and modification time, or the same bytes under "
                                "another path; same image tower) instead of encoding them again, and keep the current "
                                "version when nothing changed at all; --reencode encodes every file into a new version."),
+    dry_run: bool = typer.Option(False, help="Say what the build would do (keep the current version, or how many photos "
+                                 "it would reuse and encode) without encoding or writing anything."),
 ):
     """Embed a source (or take precomputed vectors) into a new snapshot version and publish it (an image source
     with nothing changed since the current version was built keeps that version)."""
@@ -198,6 +221,8 @@ def build_cmd(
         raise UserError("--query-vectors goes with --embeddings (image builds use the captions of the images)")
     if not reuse and embeddings is not None:
         raise UserError("--reencode goes with an image source (precomputed vectors are never encoded)")
+    if dry_run and embeddings is not None:
+        raise UserError("--dry-run goes with an image source (precomputed vectors are indexed as they are)")
     if (image_root or drop_outside_paths) and embeddings is None:
         raise UserError("--image-root and --drop-outside-paths go with --embeddings (an image build serves the folder it indexes)")
     spec = index_spec(index_type, params)
@@ -223,6 +248,10 @@ def build_cmd(
         unit = "vectors"
     else:
         encoder = load_encoder(bundle)
+        if dry_run:
+            print_plan(plan_build(source, encoder, store, spec=spec, image_root=images, target_recall=target_recall,
+                                  reuse=reuse))
+            return
         bank = serving_hub_bank(hub_table, encoder.image_space)
         result = build_snapshot(
             source, encoder, store, spec=spec, image_root=images, batch_size=batch_size, workers=workers,

@@ -37,6 +37,13 @@ def test_index_build_and_search_json(home, shared_data, tmp_path):
     again = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out)])
     assert again.exit_code == 0, again.output
     assert "159 vectors reused from" in again.output and "0 images encoded" in again.output  # the photos are unchanged
+    plan = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
+                               "--dry-run"])
+    assert plan.exit_code == 0 and "dry run: nothing changed since" in plan.output, plan.output
+    other = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
+                                "--type", "flat", "--dry-run"])  # another index type: a new version, every vector reused
+    assert other.exit_code == 0 and "159 vectors would be reused" in other.output and "0 images would be encoded" in other.output
+    assert len(list((out / "versions").iterdir())) == 2  # a dry run writes nothing
     same = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out)])
     assert same.exit_code == 0 and "nothing changed since" in same.output and "it stays current" in same.output, same.output
     assert len(list((out / "versions").iterdir())) == 2  # no third version
@@ -63,6 +70,7 @@ def test_models_info_verifies(home):
         (["index", "search", "   "], "empty"),
         (["index", "build", ".", "--type", "kdtree"], "type"),
         (["index", "build", "--embeddings", "v.npy", "--reencode"], "--reencode goes with an image source"),
+        (["index", "build", "--embeddings", "v.npy", "--dry-run"], "--dry-run goes with an image source"),
     ],
 )
 def test_bad_input_gives_message_and_exit_2(home, args, message):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from paraseek.core.encoder import Encoder
-from paraseek.index.builder import build_snapshot, update_snapshot
+from paraseek.index.builder import build_snapshot, plan_build, update_snapshot
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import ImageRecord
 from paraseek.index.snapshot import FaissStore
@@ -167,6 +167,8 @@ def test_moved_renamed_and_copied_photos_are_found_by_their_bytes(backend, photo
     altered[len(altered) // 2] ^= 1  # same size, other bytes: still decodes, to another vector
     (photos / f"altered-{d}").write_bytes(bytes(altered))
     counted_encodes.clear()
+    plan = plan_build(photos, starter_encoder, store)
+    assert (plan["reuse"], plan["moved"], plan["encode"]) == (7, 3, 1) and counted_encodes == []  # what the build does
     again = build_snapshot(photos, starter_encoder, store, progress=False)
     assert sum(counted_encodes) == 1  # the altered copy only
     assert again.report["reused"] == 7 and again.report["moved"] == 3 and again.report["encoded"] == 1
@@ -187,6 +189,8 @@ def test_a_rebuild_with_nothing_changed_keeps_the_current_version(backend, photo
     first = build_snapshot(photos, starter_encoder, store, progress=False)
     assert len(first.manifest.source[INPUTS_FIELD]) == 32
     counted_encodes.clear()
+    assert plan_build(photos, starter_encoder, store) == {"images_total": 6, "refused": 0, "current": first.manifest.version,
+                                                          "unchanged": True, "reuse": 6, "moved": 0, "encode": 0}
     same = build_snapshot(photos, starter_encoder, store, progress=False)
     assert same.report["unchanged"] and same.report["images_total"] == 6 and same.report["encoded"] == 0
     assert same.manifest == first.manifest and same.location == first.location and counted_encodes == []
@@ -200,6 +204,9 @@ def test_a_rebuild_with_nothing_changed_keeps_the_current_version(backend, photo
     shutil.copy(sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[10], extra / "x.jpg")
     updated = update_snapshot(store, starter_encoder, add=extra, progress=False)
     assert INPUTS_FIELD not in updated.manifest.source
+    plan = plan_build(photos, starter_encoder, store)
+    assert not plan["unchanged"] and (plan["reuse"], plan["encode"], plan["current"]) == (6, 0, updated.manifest.version)
+    assert store.versions() == [first.manifest.version, updated.manifest.version]  # a plan writes nothing
     rebuilt = build_snapshot(photos, starter_encoder, store, progress=False)
     assert "unchanged" not in rebuilt.report and rebuilt.report["reused"] == 6 and rebuilt.manifest.count == 6
     assert store.current_version() == rebuilt.manifest.version
