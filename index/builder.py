@@ -262,16 +262,10 @@ def build_snapshot(
     same files, captions, bundle and index settings: ``inputs_digest``), no version is written: the
     result is the current version, its report ``{"unchanged": True, ...}``. False encodes every file
     into a new version."""
-    if not encoder.has_image_tower:
-        raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
     began = time.perf_counter()
-    src = source if isinstance(source, ImageSource) else open_source(source, image_root)
-    store = as_store(out_root)
+    src, store, spec, target_recall, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root,
+                                                                   target_recall)
     store.clean_stale()
-    target_recall = default_target_recall(spec, target_recall)
-    spec = spec or IndexSpec()
-    stamps = source_stamps(src)
-    inputs = build_inputs(src, stamps, encoder, spec, target_recall)
     if reuse and (same := _current_built_from(store, encoder, inputs)) is not None:
         same.report.update(images_total=len(src.records), seconds=round(time.perf_counter() - began, 3))
         return same
@@ -325,19 +319,26 @@ def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str
     the current version would stay (``unchanged``), else how many photos would keep the current
     version's vectors (``reuse``; ``moved`` of them found by their bytes) and how many would be encoded
     (``encode``: new and changed files, those that fail to decode included)."""
-    if not encoder.has_image_tower:
-        raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
-    src = source if isinstance(source, ImageSource) else open_source(source, image_root)
-    store = as_store(out_root)
-    target_recall = default_target_recall(spec, target_recall)
-    stamps = source_stamps(src)
+    src, store, _, _, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root, target_recall)
     plan: dict = {"images_total": len(src.records), "refused": len(src.rejected), "current": store.current_version()}
-    if reuse and (same := _current_built_from(store, encoder, build_inputs(src, stamps, encoder, spec or IndexSpec(),
-                                                                           target_recall))) is not None:
+    if reuse and (same := _current_built_from(store, encoder, inputs)) is not None:
         return {**plan, "unchanged": True, "reuse": same.manifest.count, "moved": 0, "encode": 0}
     reused, _ = unchanged_in_current(store, encoder, src, stamps) if reuse else (Reused.none(encoder.dim), None)
     return {**plan, "unchanged": False, "reuse": len(reused.positions), "moved": reused.moved,
             "encode": len(src.records) - len(reused.positions)}
+
+
+def _image_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str | Path | SnapshotStore,
+                 spec: IndexSpec | None, image_root: str | Path | None, target_recall: float | None):
+    """What ``build_snapshot`` and ``plan_build`` start from: (the source, the store, the index spec and
+    recall target in force, the files' stamps, the inputs digest)."""
+    if not encoder.has_image_tower:
+        raise BuildError(f"bundle {encoder.name} has no image tower: index with the bundle that has one")
+    src = source if isinstance(source, ImageSource) else open_source(source, image_root)
+    target_recall = default_target_recall(spec, target_recall)
+    spec = spec or IndexSpec()
+    stamps = source_stamps(src)
+    return src, as_store(out_root), spec, target_recall, stamps, build_inputs(src, stamps, encoder, spec, target_recall)
 
 
 def build_inputs(src: ImageSource, stamps: Sequence[list[int] | None], encoder: Encoder, spec: IndexSpec,

@@ -33,15 +33,21 @@ DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the file's bytes (f
 INPUTS_FIELD = "inputs_digest"  # manifest source: inputs_digest of the build that wrote the version
 
 
+def _hasher():
+    return hashlib.blake2b(digest_size=16)
+
+
 def content_digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    h = _hasher()
+    h.update(data)
+    return h.hexdigest()
 
 
 def file_digest(path: str | os.PathLike) -> str | None:
     """``content_digest`` of a file's bytes, None if it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+            return hashlib.file_digest(f, _hasher).hexdigest()
     except OSError:
         return None
 
@@ -68,7 +74,8 @@ def inputs_digest(records: Sequence[ImageRecord], stamps: Sequence[list[int] | N
     urls, tar member) with its file's stamp, the files refused before decoding, and ``settings`` (the
     bundle and image tower, the index spec, the recall target, the source, the paraseek version). Two
     builds with one digest write the same version."""
-    h = hashlib.blake2b(json.dumps(settings, sort_keys=True, default=str).encode(), digest_size=16)
+    h = _hasher()
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for record, stamp in zip(records, stamps, strict=True):
         h.update(json.dumps([astuple(record), stamp], default=str).encode())
         h.update(b"\n")  # one line a record: a field's text cannot run into the next record's
