@@ -39,7 +39,8 @@ from paraseek.index.milvus_store import MilvusStore
 from paraseek.index.snapshot import FaissStore
 from paraseek.index.store import SnapshotStore
 from paraseek.index.versions import BundleRef, SnapshotError, VersionDraft
-from paraseek.loadtests.bench_index import DEFAULT_DATA, synthetic_collection, synthetic_queries
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_index import synthetic_collection, synthetic_queries
 
 REF = BundleRef(name="bench", version="1", image_space="clip-vit-b16/synthetic")
 SELECTIVITY = {"1%": [0], "10%": list(range(10)), "50%": list(range(50))}  # licence ids 0..99 drawn uniformly

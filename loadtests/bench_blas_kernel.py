@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from paraseek.core.settings import Settings
-from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, prepare_bundle, prepare_snapshot, synthetic_space
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_service import drive, prepare_bundle, prepare_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server

@@ -22,7 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, round_medians, start_paraseek
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_service import drive, round_medians, start_paraseek
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import stop_server

@@ -26,7 +26,8 @@ from paraseek.core.memory import process_memory
 from paraseek.index.faiss_index import IndexSpec, id_selector, masked_exact_search
 from paraseek.index.filters import SearchFilter
 from paraseek.index.snapshot import FilteredSnapshot, Snapshot
-from paraseek.loadtests.bench_service import DEFAULT_DATA, build_synthetic_snapshot, synthetic_space
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_service import build_synthetic_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 
 SHARES = (0.5, 0.1, 0.01)  # of the collection a filter keeps

@@ -26,9 +26,9 @@ import numpy as np
 from paraseek.core.bundle import read_manifest
 from paraseek.core.demo import demo_captions
 from paraseek.core.encoder import GPU_PROVIDERS, Encoder, choose_providers
+from paraseek.loadtests import DEFAULT_DATA
 from paraseek.loadtests.machine import cpu_description, gpu_description
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 BATCHES = (1, 32, 256)
 
 

@@ -29,7 +29,8 @@ import httpx
 
 from paraseek.core.bundle import read_manifest
 from paraseek.core.settings import Settings
-from paraseek.loadtests.bench_service import DEFAULT_DATA, drive, prepare_snapshot, round_medians, start_paraseek
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_service import drive, prepare_snapshot, round_medians, start_paraseek
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server

@@ -39,8 +39,7 @@ from paraseek.index.faiss_index import (
     train_and_add,
     tune_for_recall,
 )
-
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from paraseek.loadtests import DEFAULT_DATA
 
 
 def synthetic_collection(centres: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35) -> np.ndarray:

@@ -37,7 +37,8 @@ import numpy as np
 from paraseek.core.bundle import read_manifest
 from paraseek.core.memory import MemorySampler, process_memory
 from paraseek.core.settings import Settings
-from paraseek.loadtests.bench_index import DEFAULT_DATA, write_synthetic_shards
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_index import write_synthetic_shards
 from paraseek.loadtests.bench_service import drive, start_paraseek, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups

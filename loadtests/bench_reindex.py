@@ -39,7 +39,7 @@ from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
 from paraseek.index.unchanged_images import INPUTS_FIELD, STAMP_FIELD, TOWER_FIELD, source_stamps
 from paraseek.index.versions import VersionDraft
-from paraseek.loadtests.bench_index import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA
 
 
 def copy_photos(data: Path, folder: Path, limit: int | None) -> list[Path]:

@@ -60,6 +60,7 @@ import orjson
 from paraseek.core.bundle import PRECISIONS, read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
+from paraseek.loadtests import DEFAULT_DATA
 from paraseek.loadtests.machine import cpu_clock, cpu_description, cpu_share, gpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
@@ -67,7 +68,6 @@ from paraseek.training.embedded import ensure_embedded_default
 
 # the targets at 100K: throughput over the ceiling at concurrency 32; p50 at concurrency 1 over the two batch-1 times
 CEILING_SHARE, LATENCY_SLACK_MS = 0.85, 2.0
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def start_paraseek(home: Path, checkout: Path | None = None, **env) -> tuple[subprocess.Popen, str]:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from paraseek.loadtests.bench_index import DEFAULT_DATA, write_synthetic_shards
+from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests.bench_index import write_synthetic_shards
 
 BUILD = """
 import json, resource, sys, time

@@ -36,10 +36,10 @@ import aiohttp
 import httpx
 import orjson
 
+from paraseek.loadtests import DEFAULT_DATA
 from paraseek.loadtests.net import free_port, wait_listening
 from paraseek.loadtests.server import start_server, stop_server
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 INFINITY_PINS = ["infinity-emb[optimum,server]==0.0.78", "optimum[onnxruntime]==1.27", "transformers<4.49",
                  "torch==2.7.1", "setuptools<81", "datasets<3", "pyarrow<19"]
 PRECISIONS = ("int8", "fp32")

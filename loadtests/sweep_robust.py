@@ -23,7 +23,7 @@ from paraseek.core.encoder import Encoder
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
 from paraseek.core.settings import Settings
 from paraseek.evaluation.data import read_pairs, read_sts
-from paraseek.loadtests.bench_index import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA
 
 
 def shared_paraphrases(out: Path, spec) -> Path:
