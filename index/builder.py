@@ -41,7 +41,9 @@ from paraseek.index.unchanged_images import (
     content_digest,
     file_stamp,
     inputs_digest,
+    recorded_bytes_unchanged,
     reusable_vectors,
+    source_digests,
     source_stamps,
 )
 from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector_source
@@ -72,11 +74,10 @@ def _decode(encoder: Encoder, root: Path, record: ImageRecord):
     stamp = file_stamp(root / record.path)  # before the read: a file changed meanwhile is stamped older
     try:
         fields: dict = {STAMP_FIELD: stamp} if stamp else {}
-        if record.member is not None:  # a tar shard's member is read in place
-            source = read_member(root, record)
-        else:  # a file's bytes, hashed on the way (a moved file is found by them: unchanged_images)
-            source = (root / record.path).read_bytes()
-            fields[DIGEST_FIELD] = content_digest(source)
+        # a tar shard's member is read in place; the bytes are hashed on the way (a moved file is found by
+        # them, a checksum build compares them: unchanged_images)
+        source = read_member(root, record) if record.member is not None else (root / record.path).read_bytes()
+        fields[DIGEST_FIELD] = content_digest(source)
         with decode_image(source) as im:
             width, height = im.size
             return encoder.preprocess(im), width, height, fields
@@ -246,6 +247,7 @@ def build_snapshot(
     activate: bool = True,
     target_recall: float | None = None,
     reuse: bool = True,
+    checksum: bool = False,
 ) -> BuildResult:
     """Index a whole source into a new snapshot version and publish it as ``current``.
 
@@ -261,18 +263,23 @@ def build_snapshot(
     (``unchanged_images``); only new and changed files are encoded. When nothing changed at all (the
     same files, captions, bundle and index settings: ``inputs_digest``), no version is written: the
     result is the current version, its report ``{"unchanged": True, ...}``. False encodes every file
-    into a new version."""
+    into a new version.
+
+    ``checksum``: compare photos by their bytes, not their stamps (every photo is read and hashed first):
+    a file replaced by another of the same size and modification time is encoded again, and the current
+    version stays only when every photo it holds still has the bytes it recorded."""
     began = time.perf_counter()
     src, store, spec, target_recall, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root,
                                                                    target_recall)
+    digests = source_digests(src) if reuse and checksum else None
     store.clean_stale()
-    if reuse and (same := _current_built_from(store, encoder, inputs)) is not None:
+    if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
         same.report.update(images_total=len(src.records), seconds=round(time.perf_counter() - began, 3))
         return same
     version = store.begin_version()
     try:
         start = time.perf_counter()
-        reused, reused_from = (unchanged_in_current(store, encoder, src, stamps) if reuse
+        reused, reused_from = (unchanged_in_current(store, encoder, src, stamps, digests) if reuse
                                else (Reused.none(encoder.dim), None))
         n_reused = len(reused.positions)
         taken = set(reused.positions.tolist())
@@ -314,16 +321,18 @@ def build_snapshot(
 
 def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str | Path | SnapshotStore, *,
                spec: IndexSpec | None = None, image_root: str | Path | None = None,
-               target_recall: float | None = None, reuse: bool = True) -> dict:
+               target_recall: float | None = None, reuse: bool = True, checksum: bool = False) -> dict:
     """What ``build_snapshot`` with these arguments would do, with nothing encoded or written: whether
     the current version would stay (``unchanged``), else how many photos would keep the current
     version's vectors (``reuse``; ``moved`` of them found by their bytes) and how many would be encoded
     (``encode``: new and changed files, those that fail to decode included)."""
     src, store, _, _, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root, target_recall)
+    digests = source_digests(src) if reuse and checksum else None
     plan: dict = {"images_total": len(src.records), "refused": len(src.rejected), "current": store.current_version()}
-    if reuse and (same := _current_built_from(store, encoder, inputs)) is not None:
+    if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
         return {**plan, "unchanged": True, "reuse": same.manifest.count, "moved": 0, "encode": 0}
-    reused, _ = unchanged_in_current(store, encoder, src, stamps) if reuse else (Reused.none(encoder.dim), None)
+    reused, _ = (unchanged_in_current(store, encoder, src, stamps, digests) if reuse
+                 else (Reused.none(encoder.dim), None))
     return {**plan, "unchanged": False, "reuse": len(reused.positions), "moved": reused.moved,
             "encode": len(src.records) - len(reused.positions)}
 
@@ -357,16 +366,24 @@ def derived_provenance(source: dict) -> dict:
     return {k: v for k, v in source.items() if k != INPUTS_FIELD}
 
 
-def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str) -> BuildResult | None:
+def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str, src: ImageSource,
+                        digests: Sequence[str | None] | None = None) -> BuildResult | None:
     """The current version when a build of these very inputs wrote it and it still reads back whole
-    (checksums on FAISS, the row count on Milvus): building again would write the same version."""
+    (checksums on FAISS, the row count on Milvus): building again would write the same version. With
+    ``digests`` (a checksum build), every photo it holds must also still have the bytes it recorded."""
     try:
         if store.current_version() is None:
             return None
         manifest = store.manifest()
         if manifest.source.get(INPUTS_FIELD) != inputs:
             return None
-        store.load(manifest.version, image_space=encoder.image_space, use_gpu=False).close()
+        snap = store.load(manifest.version, image_space=encoder.image_space, use_gpu=False)
+        try:
+            if digests is not None and not recorded_bytes_unchanged(snap, src.root, src.records, digests):
+                log.info("the photos' bytes differ from those %s recorded: building", manifest.version)
+                return None
+        finally:
+            snap.close()
     except (SnapshotError, IndexUnavailable) as exc:  # rebuilt (or refused) by the build that follows
         log.warning("not keeping the current version as it is: %s", exc)
         return None
@@ -376,11 +393,11 @@ def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str) -> 
     return BuildResult(store.location(manifest.version), manifest, [], 0.0, report)
 
 
-def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource,
-                         stamps: Sequence[list[int] | None]) -> tuple[Reused, str | None]:
-    """The current version's vectors of the source's unchanged files (``stamps``: their ``file_stamp``s),
-    and that version's name (None when it has none to give: no current version, another image tower,
-    or one that cannot be read)."""
+def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource, stamps: Sequence[list[int] | None],
+                         digests: Sequence[str | None] | None = None) -> tuple[Reused, str | None]:
+    """The current version's vectors of the source's unchanged files (``stamps``: their ``file_stamp``s;
+    ``digests``: their ``record_digest``s, in a checksum build), and that version's name (None when it has
+    none to give: no current version, another image tower, or one that cannot be read)."""
     none = Reused.none(encoder.dim), None
     try:
         if encoder.image_tower_id is None or store.current_version() is None:
@@ -392,7 +409,7 @@ def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSourc
         log.warning("not reusing vectors of the current version: %s", exc)
         return none
     try:
-        reused = reusable_vectors(base, encoder.image_tower_id, src.root, src.records, stamps)
+        reused = reusable_vectors(base, encoder.image_tower_id, src.root, src.records, stamps, digests)
     except (OSError, SnapshotError) as exc:  # e.g. the version pruned by another process while it was read
         log.warning("not reusing vectors of %s: %s", base.manifest.version, exc)
         return none

@@ -210,6 +210,9 @@ def build_cmd(
                                "version indexed them (same path, size and modification time, or the same bytes under "
                                "another path; same image tower) instead of encoding them again, and keep the current "
                                "version when nothing changed at all; --reencode encodes every file into a new version."),
+    checksum: bool = typer.Option(False, help="Compare photos by their bytes instead of size and modification time "
+                                  "(every photo is read and hashed first): finds a file replaced by another of the same "
+                                  "size and time, at the cost of reading the whole collection."),
     dry_run: bool = typer.Option(False, help="Say what the build would do (keep the current version, or how many photos "
                                  "it would reuse and encode) without encoding or writing anything."),
 ):
@@ -221,6 +224,8 @@ def build_cmd(
         raise UserError("--query-vectors goes with --embeddings (image builds use the captions of the images)")
     if not reuse and embeddings is not None:
         raise UserError("--reencode goes with an image source (precomputed vectors are never encoded)")
+    if checksum and (not reuse or embeddings is not None):
+        raise UserError("--checksum compares photos for reuse: it goes with an image source and without --reencode")
     if dry_run and embeddings is not None:
         raise UserError("--dry-run goes with an image source (precomputed vectors are indexed as they are)")
     if (image_root or drop_outside_paths) and embeddings is None:
@@ -250,12 +255,12 @@ def build_cmd(
         encoder = load_encoder(bundle)
         if dry_run:
             print_plan(plan_build(source, encoder, store, spec=spec, image_root=images, target_recall=target_recall,
-                                  reuse=reuse))
+                                  reuse=reuse, checksum=checksum))
             return
         bank = serving_hub_bank(hub_table, encoder.image_space)
         result = build_snapshot(
             source, encoder, store, spec=spec, image_root=images, batch_size=batch_size, workers=workers,
-            target_recall=target_recall, activate=bank is None, reuse=reuse,
+            target_recall=target_recall, activate=bank is None, reuse=reuse, checksum=checksum,
         )
         unit = "images"
     m = result.manifest

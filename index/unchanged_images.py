@@ -11,6 +11,11 @@ rest are encoded.
 
 A build also records a digest of all it read and how it indexed (``inputs_digest``): when the next
 build's digest is the same, nothing changed, and the current version stays as it is.
+
+Stamps miss a file replaced by another of the same size and modification time (a copy that kept the
+original's time, a clock set back). ``checksum`` builds trust bytes only, as ``rsync --checksum`` does:
+every photo is read and hashed (``source_digests``), a recorded vector is taken only for the same bytes,
+and the current version stays only when every photo it holds still has the bytes it recorded.
 """
 
 from __future__ import annotations
@@ -18,18 +23,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from paraseek.index.image_sources import ImageRecord, ImageSource
+from paraseek.index.image_sources import ImageRecord, ImageSource, read_member
 from paraseek.index.store import SearchableSnapshot
 
 STAMP_FIELD = "file_stamp"  # metadata row: [size in bytes, modification time in ns] of the file read
 TOWER_FIELD = "image_tower"  # manifest source: the image tower id the version's vectors were made with
-DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the file's bytes (files, not tar members)
+DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the photo's bytes (a file's, or a tar member's)
 INPUTS_FIELD = "inputs_digest"  # manifest source: inputs_digest of the build that wrote the version
 
 
@@ -50,6 +56,23 @@ def file_digest(path: str | os.PathLike) -> str | None:
             return hashlib.file_digest(f, _hasher).hexdigest()
     except OSError:
         return None
+
+
+def record_digest(root: Path, record: ImageRecord) -> str | None:
+    """``content_digest`` of a record's bytes (the file's, or its tar member's), None if they cannot be read."""
+    if record.member is None:
+        return file_digest(root / record.path)
+    try:
+        return content_digest(read_member(root, record))
+    except OSError:
+        return None
+
+
+def source_digests(src: ImageSource, workers: int = 4) -> list[str | None]:
+    """The ``record_digest`` of each of the source's records, in order. A few threads: hashing and reading
+    release the GIL, and a network share answers reads in parallel."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda r: record_digest(src.root, r), src.records, chunksize=64))
 
 
 def file_stamp(path: str | os.PathLike) -> list[int] | None:
@@ -106,11 +129,13 @@ class Reused:
 
 
 def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path, records: Sequence[ImageRecord],
-                     stamps: Sequence[list[int] | None]) -> Reused:
+                     stamps: Sequence[list[int] | None], digests: Sequence[str | None] | None = None) -> Reused:
     """The vectors of ``records`` (read under ``root``, stamped ``stamps``) that ``base`` holds for the same
     file with the same stamp, or for a file with the same bytes elsewhere, made by the same image tower.
-    Nothing when ``base`` was made by another tower, from precomputed vectors, or before builds recorded
-    stamps (digests: before they recorded digests, a moved file is encoded again)."""
+    With ``digests`` (the records' ``record_digest``: a checksum build) the same file must have the same
+    bytes instead of the same stamp. Nothing when ``base`` was made by another tower, from precomputed
+    vectors, or before builds recorded stamps (digests: before they recorded digests, a moved file is
+    encoded again, and a checksum build encodes every photo)."""
     dim = base.manifest.dim
     recorded = base.manifest.source.get(TOWER_FIELD)
     if tower_id is None or recorded != tower_id or not base.image_roots:
@@ -134,7 +159,8 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
             if DIGEST_FIELD in row:
                 digested.append(stamp[0])
             at = wanted.get(_key(base_root, str(row["path"]), row.get("member"), row.get("offset")))
-            if at is not None and at not in sizes and list(stamp) == stamps[at]:
+            if at is not None and at not in sizes and (list(stamp) == stamps[at] if digests is None
+                                                       else digests[at] is not None and row.get(DIGEST_FIELD) == digests[at]):
                 sizes[at] = _size_fields(row, stamps[at])
                 positions.append(at)
                 hits.append(j)
@@ -142,7 +168,7 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
             parts.append(np.asarray(vectors[hits], np.float32))  # one gather a chunk, not a copy a row
         size_parts.append(np.unique(np.asarray(digested, np.int64)))
     known_sizes = np.unique(np.concatenate(size_parts)) if size_parts else np.zeros(0, np.int64)
-    moved = _moved_files(base, real_root, records, stamps, sizes, known_sizes, positions, parts)
+    moved = _moved_files(base, real_root, records, stamps, sizes, known_sizes, positions, parts, digests)
     if not positions:
         return Reused.none(dim)
     order = np.argsort(positions, kind="stable")
@@ -155,10 +181,11 @@ def _size_fields(row: dict, stamp: list[int] | None) -> dict:
 
 
 def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRecord], stamps: Sequence[list[int] | None],
-                 sizes: dict[int, dict], known_sizes: np.ndarray, positions: list[int], parts: list[np.ndarray]) -> int:
+                 sizes: dict[int, dict], known_sizes: np.ndarray, positions: list[int], parts: list[np.ndarray],
+                 digests: Sequence[str | None] | None = None) -> int:
     """Second pass: files no path matched, of a size some recorded file had (``known_sizes``, sorted),
-    hashed and looked up by digest in ``base``; their vectors are appended to ``positions`` / ``parts``.
-    -> how many."""
+    hashed (or their ``digests`` taken) and looked up by digest in ``base``; their vectors are appended to
+    ``positions`` / ``parts``. -> how many."""
     by_digest: dict[str, list[int]] = {}
     for i, record in enumerate(records):
         stamp = stamps[i]
@@ -167,7 +194,7 @@ def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRec
         at = int(np.searchsorted(known_sizes, stamp[0]))
         if at == len(known_sizes) or known_sizes[at] != stamp[0]:
             continue
-        digest = file_digest(os.path.join(root, record.path))
+        digest = file_digest(os.path.join(root, record.path)) if digests is None else digests[i]
         if digest is not None:
             by_digest.setdefault(digest, []).append(i)  # two copies of one photo share its vector
     if not by_digest:
@@ -186,3 +213,22 @@ def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRec
         if not by_digest:
             break
     return found
+
+
+def recorded_bytes_unchanged(base: SearchableSnapshot, root: Path, records: Sequence[ImageRecord],
+                             digests: Sequence[str | None]) -> bool:
+    """Whether every photo ``base`` holds is among ``records`` (read under ``root``) with the bytes it
+    recorded (``digests``: the records' ``record_digest``): a checksum build's proof that nothing changed,
+    where equal stamps are not taken for it. Rows without a digest (versions built before digests were
+    recorded) prove nothing."""
+    if not base.image_roots:
+        return False
+    real_root, base_root = str(root.resolve()), str(base.image_roots[0])
+    now = {_key(real_root, r.path, r.member, r.offset): d for r, d in zip(records, digests, strict=True) if d is not None}
+    for _ids, _vectors, rows in base.iter_contents():
+        for row in rows:
+            recorded = row.get(DIGEST_FIELD)
+            key = _key(base_root, str(row.get("path") or ""), row.get("member"), row.get("offset"))
+            if recorded is None or now.get(key) != recorded:
+                return False
+    return True

@@ -7,7 +7,8 @@ two builds of the folder side by side, alternating which goes first: one with
 ``reuse=False`` (every photo encoded, what a reindex cost before) and one as a reindex runs by default
 (the current version's vectors for unchanged files). Both publish a version into their own store. The
 ratio is the reused build's speed-up; the vectors of both builds are compared to show they agree.
-Last, the reusing store is built ``--rounds`` times more with nothing changed: no version is written.
+Last, the reusing store is built ``--rounds`` times more with nothing changed: no version is written; and
+as many times with ``checksum=True`` (every photo read and hashed, compared with the digests recorded).
 
     python -m paraseek.loadtests.bench_reindex [--data ../shared/data] [--bundle DIR] [--changed 0.05] [--moved 0.5]
         [--rounds 3] [--files 100000]
@@ -17,7 +18,8 @@ With ``--files N`` it also times what a rebuild of a folder of N unchanged files
 anything: listing and confining the folder, finding every file's vector in the current version (a
 version of placeholder files and random vectors, written as a build of them would write it), and the
 digest of the inputs that tells a rebuild with nothing changed; and a whole rebuild of that folder with
-nothing changed (it keeps the version: no file is decoded).
+nothing changed (it keeps the version: no file is decoded), by stamps and with ``checksum=True`` (each
+placeholder is 11 bytes: that row is the per-file cost of hashing; the photos' row gives the cost per byte).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from paraseek.index.builder import build_inputs, build_snapshot, bundle_ref, unc
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import INPUTS_FIELD, STAMP_FIELD, TOWER_FIELD, source_stamps
+from paraseek.index.unchanged_images import DIGEST_FIELD, INPUTS_FIELD, STAMP_FIELD, TOWER_FIELD, content_digest, source_stamps
 from paraseek.index.versions import VersionDraft
 from paraseek.loadtests import DEFAULT_DATA
 
@@ -61,7 +63,8 @@ def vectors(store: FaissStore) -> dict[int, np.ndarray]:
 def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> dict[str, float]:
     """Median seconds to open a folder of ``n`` unchanged files as a source (``open_s``), then to find their
     vectors (``find_s``), to digest the source's inputs (``digest_s``: what ``build_snapshot`` compares with
-    the current version's), and of a whole ``build_snapshot`` with nothing changed (``unchanged_build_s``)."""
+    the current version's), and of a whole ``build_snapshot`` with nothing changed (``unchanged_build_s``; with
+    ``checksum=True``: ``unchanged_checksum_build_s``)."""
     for i in range(n):
         path = folder / f"{i // 1000:04d}" / f"{i:08d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +73,8 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> dict[
     vecs = np.random.default_rng(0).standard_normal((n, encoder.dim)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     stamps = source_stamps(src)
-    rows = [{"id": r.id, "path": r.path, "width": 640, "height": 480, STAMP_FIELD: stamp}
+    digest = content_digest(b"placeholder")
+    rows = [{"id": r.id, "path": r.path, "width": 640, "height": 480, STAMP_FIELD: stamp, DIGEST_FIELD: digest}
             for r, stamp in zip(src.records, stamps)]
     store = FaissStore(folder.parent / "lookup-snap")
     root = str(folder.resolve())
@@ -79,7 +83,7 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> dict[
                          {"kind": "folder", "root": root, "image_roots": [root], TOWER_FIELD: encoder.image_tower_id,
                           INPUTS_FIELD: build_inputs(src, stamps, encoder, spec, None)}, {})
     store.write_version(draft, bundle_ref(encoder), spec, queries=vecs[:10], query_source="a sample")
-    opened, found, digested, whole = [], [], [], []
+    opened, found, digested, whole, hashed = [], [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         src = open_source(folder)
@@ -96,8 +100,13 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> dict[
         kept = build_snapshot(folder, encoder, store, spec=spec, progress=False)
         whole.append(time.perf_counter() - t3)
         assert kept.report.get("unchanged"), "a build of the unchanged folder keeps the version"
+        t4 = time.perf_counter()
+        kept = build_snapshot(folder, encoder, store, spec=spec, progress=False, checksum=True)
+        hashed.append(time.perf_counter() - t4)
+        assert kept.report.get("unchanged"), "a checksum build of the unchanged folder keeps the version"
     return {"open_s": statistics.median(opened), "find_s": statistics.median(found),
-            "digest_s": statistics.median(digested), "unchanged_build_s": statistics.median(whole)}
+            "digest_s": statistics.median(digested), "unchanged_build_s": statistics.median(whole),
+            "unchanged_checksum_build_s": statistics.median(hashed)}
 
 
 def main(argv=None) -> dict:
@@ -155,6 +164,13 @@ def main(argv=None) -> dict:
             same = build_snapshot(tmp / "photos", encoder, stores["reuse unchanged"], progress=False)
             kept.append(time.perf_counter() - t0)
             assert same.report.get("unchanged"), "a build with nothing changed keeps the current version"
+        kept_by_bytes: list[float] = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            same = build_snapshot(tmp / "photos", encoder, stores["reuse unchanged"], progress=False, checksum=True)
+            kept_by_bytes.append(time.perf_counter() - t0)
+            assert same.report.get("unchanged"), "a checksum build with nothing changed keeps the current version"
+        photo_bytes = sum(p.stat().st_size for p in photos)
         a, b = vectors(stores["encode all"]), vectors(stores["reuse unchanged"])
         worst = max(float(np.abs(a[i] - b[i]).max()) for i in a) if set(a) == set(b) else float("inf")
         median = {name: statistics.median(s) for name, s in seconds.items()}
@@ -165,18 +181,21 @@ def main(argv=None) -> dict:
         for name in stores:
             print(f"{name:16} {median[name]:8.2f} {statistics.median(encoded[name]):8.0f}")
         print(f"{'nothing changed':16} {statistics.median(kept):8.2f} {0:8d}  (no version written)")
+        print(f"{'  by checksum':16} {statistics.median(kept_by_bytes):8.2f} {0:8d}  (no version written; "
+              f"{photo_bytes / 2**20:.0f} MiB read and hashed, {photo_bytes / 2**20 / statistics.median(kept_by_bytes):.0f} MiB/s)")
         speedup = median["encode all"] / median["reuse unchanged"]
         print(f"reuse unchanged / encode all: {speedup:.1f}x faster; largest difference between their vectors {worst:.2e}")
         result: dict = {"seconds": median, "encoded": {k: statistics.median(v) for k, v in encoded.items()}, "speedup": speedup,
                   "max_abs_difference": worst, "photos": len(photos), "changed": n_changed, "moved": statistics.median(moved),
-                  "unchanged_s": statistics.median(kept)}
+                  "unchanged_s": statistics.median(kept), "unchanged_checksum_s": statistics.median(kept_by_bytes)}
         if args.files:
             lookup = lookup_seconds(encoder, tmp / "many", args.files, args.rounds)
             opened, found = lookup["open_s"], lookup["find_s"]
             print(f"a rebuild of {args.files} unchanged files before encoding anything: {opened:.2f} s listing and confining "
                   f"the folder, {found:.2f} s finding their vectors ({(opened + found) / args.files * 1e6:.0f} us a file); "
                   f"{lookup['digest_s']:.2f} s digesting its inputs; a whole build of the folder with nothing changed "
-                  f"{lookup['unchanged_build_s']:.2f} s (the version kept)")
+                  f"{lookup['unchanged_build_s']:.2f} s (the version kept), {lookup['unchanged_checksum_build_s']:.2f} s "
+                  f"with --checksum")
             result["lookup"] = {"files": args.files, **lookup}
         return result
     finally:

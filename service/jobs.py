@@ -118,7 +118,7 @@ class JobManager:
             result = build_snapshot(
                 source, encoder, store, spec=spec, progress=False,
                 on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
-                activate=False, reuse=req.reuse,
+                activate=False, reuse=req.reuse, checksum=req.checksum,
             )
             if result.report.get("unchanged") and current is not None and current.snapshot.version == result.manifest.version:
                 engine.metrics.reindex.labels("succeeded").inc()  # nothing changed: the served version stays

@@ -333,6 +333,9 @@ class ReindexRequest(StrictModel):
                         "(same path, size and modification time, or the same bytes elsewhere; same image tower), "
                         "and keep serving the current version when nothing changed at all (the job's report says "
                         "unchanged); false encodes every file into a new version")
+    checksum: bool = Field(False, description="with reuse: compare photos by their bytes instead of size and "
+                           "modification time (every photo is read and hashed first), so a file replaced by another of "
+                           "the same size and time is encoded again")
 
 
 class ReloadRequest(StrictModel):

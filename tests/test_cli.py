@@ -40,6 +40,9 @@ def test_index_build_and_search_json(home, shared_data, tmp_path):
     plan = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
                                "--dry-run"])
     assert plan.exit_code == 0 and "dry run: nothing changed since" in plan.output, plan.output
+    by_bytes = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
+                                   "--dry-run", "--checksum"])  # every photo hashed: the same bytes as recorded
+    assert by_bytes.exit_code == 0 and "dry run: nothing changed since" in by_bytes.output, by_bytes.output
     other = runner.invoke(app, ["index", "build", str(shared_data / "coco-mini/captions_val2017.json"), "--out", str(out),
                                 "--type", "flat", "--dry-run"])  # another index type: a new version, every vector reused
     assert other.exit_code == 0 and "159 vectors would be reused" in other.output and "0 images would be encoded" in other.output
@@ -71,6 +74,8 @@ def test_models_info_verifies(home):
         (["index", "build", ".", "--type", "kdtree"], "type"),
         (["index", "build", "--embeddings", "v.npy", "--reencode"], "--reencode goes with an image source"),
         (["index", "build", "--embeddings", "v.npy", "--dry-run"], "--dry-run goes with an image source"),
+        (["index", "build", ".", "--checksum", "--reencode"], "--checksum compares photos for reuse"),
+        (["index", "build", "--embeddings", "v.npy", "--checksum"], "--checksum compares photos for reuse"),
     ],
 )
 def test_bad_input_gives_message_and_exit_2(home, args, message):

@@ -23,6 +23,7 @@ from paraseek.index.unchanged_images import (
     file_digest,
     file_stamp,
     inputs_digest,
+    record_digest,
 )
 
 BOTH_BACKENDS = True
@@ -305,3 +306,96 @@ def test_a_current_version_that_fails_its_checksums_is_not_reused_and_the_build_
     # the same inputs, but a version that no longer reads back whole is not kept
     assert "not keeping the current version as it is" in caplog.text
     assert rebuilt.manifest.version != first.manifest.version
+
+
+def write_tar_shard(path, named_bytes: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in named_bytes.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_record_digest_is_the_digest_of_a_file_or_of_its_tar_member(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(b"file bytes")
+    write_tar_shard(tmp_path / "s.tar", {"00001.jpg": b"member one", "00002.jpg": b"member two"})
+    with tarfile.open(tmp_path / "s.tar") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    record = lambda name: ImageRecord(id=int(name[:5]), path="s.tar", member=name,  # noqa: E731
+                                      offset=members[name].offset_data, size=members[name].size)
+    assert record_digest(tmp_path, ImageRecord(id=0, path="a.jpg")) == content_digest(b"file bytes")
+    assert record_digest(tmp_path, record("00002.jpg")) == content_digest(b"member two")
+    assert record_digest(tmp_path, ImageRecord(id=0, path="gone.jpg")) is None
+    (tmp_path / "s.tar").write_bytes(b"short")  # the member's bytes are no longer there
+    assert record_digest(tmp_path, record("00002.jpg")) is None
+
+
+def same_size_other_photo(path) -> None:
+    """Another photo in the file's place with the file's size and modification time: what a stamp cannot see
+    (a restore that kept the original's time, a clock set back)."""
+    size, mtime = file_stamp(path) or (0, 0)
+    altered = bytearray(path.read_bytes())
+    altered[len(altered) // 2] ^= 1  # still decodes, to another vector
+    path.write_bytes(bytes(altered))
+    os.utime(path, ns=(mtime, mtime))
+    assert file_stamp(path) == [size, mtime]
+
+
+def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, photos, starter_encoder, counted_encodes,
+                                                                      tmp_path, request):
+    store = store_for(backend, tmp_path, request)
+    first = build_snapshot(photos, starter_encoder, store, progress=False)
+    vectors, rows = contents_by_row(store)
+    before = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    replaced = sorted(photos.iterdir())[2]
+    same_size_other_photo(replaced)
+    counted_encodes.clear()
+    assert plan_build(photos, starter_encoder, store)["unchanged"]  # by stamps, nothing changed
+    plan = plan_build(photos, starter_encoder, store, checksum=True)
+    assert not plan["unchanged"] and (plan["reuse"], plan["moved"], plan["encode"]) == (5, 0, 1) and counted_encodes == []
+    rebuilt = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
+    assert sum(counted_encodes) == 1 and rebuilt.report["reused"] == 5 and rebuilt.report["encoded"] == 1
+    assert rebuilt.report["reused_from"] == first.manifest.version
+    vectors, rows = contents_by_row(store)
+    after = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    assert after[replaced.name].tobytes() != before[replaced.name].tobytes()
+    assert all(after[name].tobytes() == before[name].tobytes() for name in before if name != replaced.name)
+    fresh = build_snapshot(photos, starter_encoder, FaissStore(tmp_path / "fresh"), progress=False, reuse=False)
+    expected = {int(i): v for i, v in vectors_by_id(FaissStore(tmp_path / "fresh")).items()}
+    assert fresh.manifest.count == 6
+    for image_id, vector in vectors_by_id(store).items():  # what encoding the folder from scratch gives
+        np.testing.assert_allclose(vector, expected[image_id], atol=1e-5)
+
+    counted_encodes.clear()  # nothing changed since, by bytes too: the version stays
+    same = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
+    assert same.report["unchanged"] and same.manifest.version == rebuilt.manifest.version and counted_encodes == []
+    # a touched photo is a change of stamps (a new version), but a checksum build finds it where it was
+    stamp = file_stamp(replaced)
+    assert stamp is not None
+    os.utime(replaced, ns=(stamp[1] + 10**9, stamp[1] + 10**9))
+    touched = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
+    assert (touched.report["reused"], touched.report["moved"], touched.report["encoded"]) == (6, 0, 0)
+    assert counted_encodes == [] and touched.manifest.version != rebuilt.manifest.version
+
+
+def test_a_checksum_build_compares_tar_members_by_their_bytes(photos, starter_encoder, counted_encodes, tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    files = sorted(photos.iterdir())
+    contents = {f"{i:05d}.jpg": p.read_bytes() for i, p in enumerate(files)}  # numeric keys are the images' ids
+    write_tar_shard(shards / "a.tar", contents)
+    root = tmp_path / "snap"
+    build_snapshot(shards, starter_encoder, root, progress=False)
+    rows = contents_by_row(FaissStore(root))[1]
+    assert all(row[DIGEST_FIELD] == content_digest(contents[row["member"]]) for row in rows)  # members record theirs
+    stamp = file_stamp(shards / "a.tar")
+    assert stamp is not None
+    altered = bytearray(contents["00004.jpg"])
+    altered[len(altered) // 2] ^= 1
+    write_tar_shard(shards / "a.tar", {**contents, "00004.jpg": bytes(altered)})  # one member's bytes, same size
+    os.utime(shards / "a.tar", ns=(stamp[1], stamp[1]))
+    assert file_stamp(shards / "a.tar") == stamp
+    counted_encodes.clear()
+    assert build_snapshot(shards, starter_encoder, root, progress=False).report["unchanged"]  # stamps see nothing
+    again = build_snapshot(shards, starter_encoder, root, progress=False, checksum=True)
+    assert (again.report["reused"], again.report["encoded"]) == (5, 1) and sum(counted_encodes) == 1

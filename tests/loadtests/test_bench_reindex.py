@@ -13,6 +13,7 @@ def test_bench_reindex_encodes_only_the_rewritten_photos_and_agrees(starter_bund
     assert all(s > 0 for s in result["seconds"].values()) and result["speedup"] > 0
     assert result["lookup"]["files"] == 300 and result["lookup"]["open_s"] > 0 and result["lookup"]["find_s"] > 0
     assert result["lookup"]["digest_s"] > 0 and result["lookup"]["unchanged_build_s"] > 0 and result["unchanged_s"] > 0
+    assert result["lookup"]["unchanged_checksum_build_s"] > 0 and result["unchanged_checksum_s"] > 0
     out = capsys.readouterr().out
     assert "reuse unchanged / encode all:" in out and "x faster" in out and "a rebuild of 300 unchanged files" in out
-    assert "nothing changed" in out and "(no version written)" in out
+    assert "nothing changed" in out and "(no version written)" in out and "by checksum" in out and "with --checksum" in out

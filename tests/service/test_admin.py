@@ -80,6 +80,8 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         same = reindex()  # nothing changed since: no new version, no swap
         assert same["report"]["unchanged"] and same["snapshot_version"] == second["snapshot_version"]
         assert same["report"]["encoded"] == 0 and len(list((snapshot_copy / "versions").iterdir())) == versions_before + 2
+        by_bytes = reindex(checksum=True)  # every photo hashed: the bytes the version recorded, so it stays too
+        assert by_bytes["report"]["unchanged"] and by_bytes["snapshot_version"] == second["snapshot_version"]
         third = reindex(reuse=False)
         assert third["report"]["reused"] == 0 and third["report"]["encoded"] == 4
         # operators see the work reindexes did (the dashboard's "Reindexed images" panel)
@@ -88,6 +90,8 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         assert images == {"encoded": 3 + 1 + 4, "reused": 3}
         assert c.post("/v1/admin/reindex", json={"source": str(root), "reuse": "sometimes"},
                       headers=AUTH).status_code == 422
+        bad = c.post("/v1/admin/reindex", json={"source": str(root), "checksum": "maybe"}, headers=AUTH)
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "checksum"]
 
 
 def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
