@@ -6,8 +6,8 @@ modification time in nanoseconds, as ``make`` and ``rsync`` compare files) and a
 The next build of the same files with the same tower takes the vectors of files whose stamp is
 unchanged from the current version. The other files of a size some recorded file had are read and
 hashed (reading costs far less than decoding and encoding): one whose digest the version recorded
-keeps that vector, wherever it lies now (moved, renamed, copied, or touched without a change). The
-rest are encoded.
+keeps that vector, wherever it lies now (moved, renamed, copied, or touched without a change). So do
+the members of a rewritten tar shard (resharded, reordered). The rest are encoded.
 
 A build also records a digest of all it read and how it indexed (``inputs_digest``): when the next
 build's digest is the same, nothing changed, and the current version stays as it is.
@@ -156,8 +156,8 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
             stamp = row.get(STAMP_FIELD)
             if stamp is None or not row.get("path"):
                 continue
-            if DIGEST_FIELD in row:
-                digested.append(stamp[0])
+            if DIGEST_FIELD in row:  # the photo's size: the file's, or the tar member's (its stamp is the shard's)
+                digested.append(int(row["size"]) if row.get("member") is not None else stamp[0])
             at = wanted.get(_key(base_root, str(row["path"]), row.get("member"), row.get("offset")))
             if at is not None and at not in sizes and (list(stamp) == stamps[at] if digests is None
                                                        else digests[at] is not None and row.get(DIGEST_FIELD) == digests[at]):
@@ -183,18 +183,19 @@ def _size_fields(row: dict, stamp: list[int] | None) -> dict:
 def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRecord], stamps: Sequence[list[int] | None],
                  sizes: dict[int, dict], known_sizes: np.ndarray, positions: list[int], parts: list[np.ndarray],
                  digests: Sequence[str | None] | None = None) -> int:
-    """Second pass: files no path matched, of a size some recorded file had (``known_sizes``, sorted),
-    hashed (or their ``digests`` taken) and looked up by digest in ``base``; their vectors are appended to
-    ``positions`` / ``parts``. -> how many."""
+    """Second pass: photos (files or tar members) no path matched, of a size some recorded photo had
+    (``known_sizes``, sorted), hashed (or their ``digests`` taken) and looked up by digest in ``base``; their
+    vectors are appended to ``positions`` / ``parts``. -> how many."""
     by_digest: dict[str, list[int]] = {}
     for i, record in enumerate(records):
         stamp = stamps[i]
-        if i in sizes or stamp is None or record.member is not None:
+        if i in sizes or stamp is None:
             continue
-        at = int(np.searchsorted(known_sizes, stamp[0]))
-        if at == len(known_sizes) or known_sizes[at] != stamp[0]:
+        size = int(record.size or 0) if record.member is not None else stamp[0]
+        at = int(np.searchsorted(known_sizes, size))
+        if at == len(known_sizes) or known_sizes[at] != size:
             continue
-        digest = file_digest(os.path.join(root, record.path)) if digests is None else digests[i]
+        digest = record_digest(Path(root), record) if digests is None else digests[i]
         if digest is not None:
             by_digest.setdefault(digest, []).append(i)  # two copies of one photo share its vector
     if not by_digest:

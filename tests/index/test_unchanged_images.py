@@ -267,7 +267,8 @@ def test_an_update_with_another_tower_leaves_nothing_to_reuse(photos, starter_en
     assert sum(counted_encodes) == 6
 
 
-def test_photos_in_tar_shards_are_reused_until_their_shard_changes(photos, starter_encoder, counted_encodes, tmp_path):
+def test_photos_in_tar_shards_are_reused_and_found_by_their_bytes_when_their_shard_changes(photos, starter_encoder,
+                                                                                           counted_encodes, tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
 
@@ -285,10 +286,21 @@ def test_photos_in_tar_shards_are_reused_until_their_shard_changes(photos, start
     root = tmp_path / "snap"
     assert build_snapshot(shards, starter_encoder, root, progress=False).manifest.count == 6
     counted_encodes.clear()
-    write_shard("b.tar", files[3:][::-1], 3)  # shard b rewritten: its members moved
+    vectors, rows = contents_by_row(FaissStore(root))
+    before = {row["id"]: vector for row, vector in zip(rows, vectors)}
+    write_shard("b.tar", files[3:][::-1], 3)  # shard b rewritten: its photos under other members
     os.utime(shards / "b.tar", ns=(1, 1))  # whatever its time, its stamp differs from the one recorded
     again = build_snapshot(shards, starter_encoder, root, progress=False)
-    assert again.report["reused"] == 3 and sum(counted_encodes) == 3
+    assert (again.report["reused"], again.report["moved"], again.report["encoded"]) == (6, 3, 0) and counted_encodes == []
+    vectors, rows = contents_by_row(FaissStore(root))
+    after = {row["id"]: vector for row, vector in zip(rows, vectors)}
+    assert [after[i].tobytes() for i in (3, 4, 5)] == [before[i].tobytes() for i in (5, 4, 3)]  # each photo's own
+    altered = bytearray(files[0].read_bytes())
+    altered[len(altered) // 2] ^= 1
+    (tmp_path / "altered.jpg").write_bytes(bytes(altered))
+    write_shard("a.tar", [tmp_path / "altered.jpg", *files[1:3]], 0)  # one member's bytes changed
+    last = build_snapshot(shards, starter_encoder, root, progress=False)
+    assert (last.report["reused"], last.report["encoded"]) == (5, 1) and sum(counted_encodes) == 1
 
 
 def test_a_current_version_that_fails_its_checksums_is_not_reused_and_the_build_goes_on(photos, starter_encoder,
