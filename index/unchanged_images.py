@@ -157,7 +157,7 @@ def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path,
             if stamp is None or not row.get("path"):
                 continue
             if DIGEST_FIELD in row:  # the photo's size: the file's, or the tar member's (its stamp is the shard's)
-                digested.append(int(row["size"]) if row.get("member") is not None else stamp[0])
+                digested.append(int(row.get("size") or 0) if row.get("member") is not None else stamp[0])
             at = wanted.get(_key(base_root, str(row["path"]), row.get("member"), row.get("offset")))
             if at is not None and at not in sizes and (list(stamp) == stamps[at] if digests is None
                                                        else digests[at] is not None and row.get(DIGEST_FIELD) == digests[at]):

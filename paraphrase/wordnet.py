@@ -5,10 +5,19 @@ more often than the word itself, most used first. Multi-word lemmas become phras
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
+import logging
+import os
 import threading
+import zlib
 from functools import lru_cache
+from pathlib import Path
 
 from paraseek.paraphrase import ParaphraseSourceUnavailable, substitution_variants
+
+log = logging.getLogger(__name__)
 
 
 def _wordnet():
@@ -23,19 +32,68 @@ def _wordnet():
     return wordnet
 
 
-def general_sentences() -> list[str]:
+def general_sentences(cache_dir: Path | None = None) -> list[str]:
     """WordNet's usage examples and glosses (about 165K, deduplicated, in WordNet's order): general-domain
-    English, for training terms that keep a text tower's behaviour outside the domain it is tuned on."""
-    return list(_general_sentences())
+    English, for training terms that keep a text tower's behaviour outside the domain it is tuned on.
+    Kept in ``cache_dir`` (default: PARASEEK_HOME/cache) for the next process."""
+    if cache_dir is None:
+        from paraseek.core.settings import Settings
+
+        cache_dir = Settings().home / "cache"
+    return list(_general_sentences(cache_dir))
 
 
-@lru_cache(maxsize=1)
-def _general_sentences() -> tuple[str, ...]:
-    # read once a process: walking NLTK's 117K synsets takes about 20 s on 2 cores, and a sweep (or a test
-    # session) builds one trainer after another; a failed read is not cached
+@lru_cache(maxsize=2)
+def _general_sentences(cache_dir: Path) -> tuple[str, ...]:
+    # walking NLTK's 117K synsets takes about 20 s on 2 cores, and every training run with the WordNet
+    # sentences held started with it: read once a process, and from a file that the corpus's own stamps
+    # name (another WordNet, or another NLTK that reads it, walks again); a failed read is not cached
+    cache = cache_dir / f"wordnet-sentences-{_corpus_key()}.json.gz"
+    try:
+        with gzip.open(cache, "rt", encoding="utf-8") as f:
+            return tuple(json.load(f))
+    except FileNotFoundError:
+        pass
+    except (OSError, EOFError, zlib.error, ValueError) as exc:  # a torn or foreign file: walked and written again
+        log.warning("WordNet sentences cache %s unreadable (%s): reading WordNet", cache, exc)
     wn = _wordnet()
     texts = (text for synset in wn.all_synsets() for text in (*synset.examples(), synset.definition()))
-    return tuple(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    sentences = tuple(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        part = cache.with_name(f"{cache.name}.{os.getpid()}.part")  # whole or absent: another process may read it
+        with gzip.open(part, "wt", encoding="utf-8") as f:
+            json.dump(sentences, f)
+        os.replace(part, cache)
+    except OSError as exc:  # a read-only home: the next process walks again
+        log.warning("WordNet sentences not cached in %s: %s", cache_dir, exc)
+    return sentences
+
+
+def _corpus_key() -> str:
+    """A short digest of the WordNet files NLTK reads (path, size, modification time) and NLTK's version,
+    found as NLTK's loader finds them, without loading WordNet (3 s here)."""
+    try:
+        import nltk
+        import nltk.data
+    except ImportError:
+        _wordnet()  # raises: NLTK is not installed
+        raise
+    for name in ("corpora/wordnet.zip/wordnet/", "corpora/wordnet/"):  # the loader's order: the zip first
+        try:
+            root = nltk.data.find(name)
+            break
+        except LookupError:
+            continue
+    else:
+        root = _wordnet().root  # raises: WordNet is not installed
+    files = [root.zipfile.filename] if hasattr(root, "zipfile") else [
+        os.path.join(root.path, f"data.{pos}") for pos in ("noun", "verb", "adj", "adv")]
+    h = hashlib.blake2b(nltk.__version__.encode(), digest_size=8)
+    for name in files:
+        st = os.stat(name)
+        h.update(f"{os.path.abspath(name)} {st.st_size} {st.st_mtime_ns}".encode())
+    return h.hexdigest()
 
 
 def _pos(synset) -> str:

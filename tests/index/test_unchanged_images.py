@@ -157,8 +157,7 @@ def test_moved_renamed_and_copied_photos_are_found_by_their_bytes(backend, photo
                                                                   tmp_path, request):
     store = store_for(backend, tmp_path, request)
     first = build_snapshot(photos, starter_encoder, store, progress=False)
-    vectors, rows = contents_by_row(store)
-    before = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    before = vectors_by_path(store)
     a, b, c, d = sorted(p.name for p in photos.iterdir())[:4]
     (photos / "sub").mkdir()
     os.rename(photos / a, photos / "sub" / a)  # moved into a folder
@@ -219,6 +218,11 @@ def test_a_rebuild_with_nothing_changed_keeps_the_current_version(backend, photo
     touched = build_snapshot(photos, starter_encoder, store, progress=False)
     assert "unchanged" not in touched.report and touched.manifest.version != rebuilt.manifest.version
     assert touched.report["reused"] == 6 and counted_encodes == []
+
+
+def vectors_by_path(store) -> dict[str, np.ndarray]:
+    vectors, rows = contents_by_row(store)
+    return {row["path"]: vector for row, vector in zip(rows, vectors)}
 
 
 def contents_by_row(store) -> tuple[list[np.ndarray], list[dict]]:
@@ -286,14 +290,12 @@ def test_photos_in_tar_shards_are_reused_and_found_by_their_bytes_when_their_sha
     root = tmp_path / "snap"
     assert build_snapshot(shards, starter_encoder, root, progress=False).manifest.count == 6
     counted_encodes.clear()
-    vectors, rows = contents_by_row(FaissStore(root))
-    before = {row["id"]: vector for row, vector in zip(rows, vectors)}
+    before = vectors_by_id(FaissStore(root))
     write_shard("b.tar", files[3:][::-1], 3)  # shard b rewritten: its photos under other members
     os.utime(shards / "b.tar", ns=(1, 1))  # whatever its time, its stamp differs from the one recorded
     again = build_snapshot(shards, starter_encoder, root, progress=False)
     assert (again.report["reused"], again.report["moved"], again.report["encoded"]) == (6, 3, 0) and counted_encodes == []
-    vectors, rows = contents_by_row(FaissStore(root))
-    after = {row["id"]: vector for row, vector in zip(rows, vectors)}
+    after = vectors_by_id(FaissStore(root))
     assert [after[i].tobytes() for i in (3, 4, 5)] == [before[i].tobytes() for i in (5, 4, 3)]  # each photo's own
     altered = bytearray(files[0].read_bytes())
     altered[len(altered) // 2] ^= 1
@@ -357,8 +359,7 @@ def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, p
                                                                       tmp_path, request):
     store = store_for(backend, tmp_path, request)
     first = build_snapshot(photos, starter_encoder, store, progress=False)
-    vectors, rows = contents_by_row(store)
-    before = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    before = vectors_by_path(store)
     replaced = sorted(photos.iterdir())[2]
     same_size_other_photo(replaced)
     counted_encodes.clear()
@@ -368,8 +369,7 @@ def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, p
     rebuilt = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
     assert sum(counted_encodes) == 1 and rebuilt.report["reused"] == 5 and rebuilt.report["encoded"] == 1
     assert rebuilt.report["reused_from"] == first.manifest.version
-    vectors, rows = contents_by_row(store)
-    after = {row["path"]: vector for row, vector in zip(rows, vectors)}
+    after = vectors_by_path(store)
     assert after[replaced.name].tobytes() != before[replaced.name].tobytes()
     assert all(after[name].tobytes() == before[name].tobytes() for name in before if name != replaced.name)
     fresh = build_snapshot(photos, starter_encoder, FaissStore(tmp_path / "fresh"), progress=False, reuse=False)

@@ -77,18 +77,32 @@ def test_ppdb_rewrites_only_toward_more_usual_caption_wording(shared_data):
         assert all(min(counts[w] for w in alt.split()) > counts[word] for alt in ppdb.synonyms(word))
 
 
-def test_wordnet_general_sentences_are_its_usage_examples_and_glosses(wordnet):
-    from paraseek.paraphrase.wordnet import general_sentences
+def test_wordnet_general_sentences_are_its_usage_examples_and_glosses(wordnet, tmp_path, monkeypatch):
+    from paraseek.paraphrase.wordnet import _general_sentences, general_sentences
 
-    texts = general_sentences()
+    texts = general_sentences(tmp_path / "cache")
     assert len(texts) > 150_000 and len(set(texts)) == len(texts)
     assert "the dog barked all night" in texts  # dog.n.01's usage example
     assert any(t.startswith("a member of the genus Canis") for t in texts)  # and its gloss
     assert all(t == t.strip() and t for t in texts[:1000])
     # read once a process (each trainer of a sweep asks again), each caller gets its own list
-    from paraseek.paraphrase.wordnet import _general_sentences
-
     texts.append("changed by the caller")
     hits = _general_sentences.cache_info().hits
-    again = general_sentences()
+    again = general_sentences(tmp_path / "cache")
     assert _general_sentences.cache_info().hits == hits + 1 and again[-1] != "changed by the caller"
+    # and from a file for the next process: the same sentences in the same order, without walking WordNet
+    cached = list((tmp_path / "cache").glob("wordnet-sentences-*.json.gz"))
+    assert len(cached) == 1 and not list((tmp_path / "cache").glob("*.part"))
+    _general_sentences.cache_clear()
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    def no_walk(self, *args, **kwargs):
+        raise AssertionError("WordNet walked although its sentences were cached")
+
+    monkeypatch.setattr(WordNetCorpusReader, "all_synsets", no_walk)
+    assert general_sentences(tmp_path / "cache") == texts[:-1]
+    _general_sentences.cache_clear()
+    cached[0].write_bytes(cached[0].read_bytes()[:1000])  # a torn file is read from WordNet again (walk: refused here)
+    with pytest.raises(AssertionError, match="WordNet walked"):
+        general_sentences(tmp_path / "cache")
+    _general_sentences.cache_clear()
