@@ -337,6 +337,13 @@ class ReindexRequest(StrictModel):
                            "modification time (every photo is read and hashed first), so a file replaced by another of "
                            "the same size and time is encoded again")
 
+    @field_validator("checksum")
+    @classmethod
+    def _checksum_with_reuse(cls, checksum: bool, info: ValidationInfo) -> bool:
+        if checksum and info.data.get("reuse") is False:
+            raise ValueError("checksum compares photos for reuse: it goes with reuse true")
+        return checksum
+
 
 class ReloadRequest(StrictModel):
     bundle: ServerPath = Field(min_length=1)

@@ -92,6 +92,9 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
                       headers=AUTH).status_code == 422
         bad = c.post("/v1/admin/reindex", json={"source": str(root), "checksum": "maybe"}, headers=AUTH)
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "checksum"]
+        both = c.post("/v1/admin/reindex", json={"source": str(root), "reuse": False, "checksum": True}, headers=AUTH)
+        assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "checksum"]
+        assert "goes with reuse true" in both.json()["detail"][0]["msg"]
 
 
 def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
