@@ -17,12 +17,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from paraseek.core.settings import Settings
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 from paraseek.loadtests.bench_service import drive, prepare_bundle, prepare_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
@@ -76,7 +75,7 @@ def main(argv=None) -> int:
     if "OPENBLAS_CORETYPE" in os.environ:
         p.error("unset OPENBLAS_CORETYPE: this benchmark sets it for each kernel's processes")
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-blas-"))
+    work = args.work or temporary_folder("paraseek-bench-blas-")
     home = work / "home"
     ensure_embedded_default(Settings(home=home))
     bundle = prepare_bundle("starter", home, work)

@@ -10,10 +10,10 @@ one run, medians; "fused x" is the exported graph's time over the fused one's (`
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
+from paraseek.loadtests import temporary_folder
 from paraseek.core.demo import demo_captions
 from paraseek.core.encoder import Encoder
 
@@ -43,7 +43,7 @@ def run(repeats: int = 30, workdir: Path | None = None, threads: int | None = No
 
     if threads:
         torch.set_num_threads(threads)
-    tmp = Path(workdir or tempfile.mkdtemp(prefix="paraseek-bench-"))
+    tmp = Path(workdir) if workdir else temporary_folder("paraseek-bench-encoder-")
     captions = demo_captions()
     singles = [[c] for c in captions[:repeats]]
     batches = [captions[i : i + 32] for i in range(0, 32 * 4, 32)]

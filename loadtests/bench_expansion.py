@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 from paraseek.loadtests.bench_service import drive, round_medians, start_paraseek
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
@@ -64,7 +63,7 @@ def main(argv=None) -> int:
                    help="which starter the server embeds (sets PARASEEK_STARTER; default: the server's setting)")
     args = p.parse_args(argv)
     texts = [c for g in caption_groups(args.data / "coco-captions/train_captions.tsv") for c in g]
-    home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-expansion-"))
+    home = args.home or temporary_folder("paraseek-bench-expansion-")
     proc, url = start_paraseek(home, **({"PARASEEK_STARTER": args.starter} if args.starter else {}))
     results: dict[tuple[str, int], list[dict]] = {}
     try:

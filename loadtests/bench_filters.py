@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from paraseek.core.memory import process_memory
 from paraseek.index.faiss_index import IndexSpec, id_selector, masked_exact_search
 from paraseek.index.filters import SearchFilter
 from paraseek.index.snapshot import FilteredSnapshot, Snapshot
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 from paraseek.loadtests.bench_service import build_synthetic_snapshot, synthetic_space
 from paraseek.loadtests.machine import cpu_description
 
@@ -70,9 +69,11 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--rounds", type=int, default=15, help="searches per selector and batch size (medians)")
     args = p.parse_args(argv)
-    work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-filters-"))
-    work.mkdir(parents=True, exist_ok=True)
-    root = args.snapshot or synthetic_snapshot(args.size, work, args.data)
+    root = args.snapshot
+    if root is None:  # built once into --work when given
+        work = args.work or temporary_folder("paraseek-bench-filters-")
+        work.mkdir(parents=True, exist_ok=True)
+        root = synthetic_snapshot(args.size, work, args.data)
     snap = Snapshot.load(root)
     queries = synthetic_space(snap.manifest.dim, args.data)[1][:32]
     spec = snap.manifest.index

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import httpx
 
 from paraseek.core.bundle import read_manifest
 from paraseek.core.settings import Settings
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 from paraseek.loadtests.bench_service import drive, prepare_snapshot, round_medians, start_paraseek
 from paraseek.loadtests.machine import cpu_description
 from paraseek.loadtests.queries import caption_groups
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     p.add_argument("--table-timeout", type=float, default=600.0, help="seconds to wait for the hub table")
     args = p.parse_args(argv)
     texts = [c for g in caption_groups(args.data / "coco-captions/train_captions.tsv") for c in g]
-    work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-hubness-"))
+    work = args.work or temporary_folder("paraseek-bench-hubness-")
     home = work / "home"
     bundle = args.bundle
     if bundle is None:

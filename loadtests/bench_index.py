@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from paraseek.index.faiss_index import (
     train_and_add,
     tune_for_recall,
 )
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 
 
 def synthetic_collection(centres: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35) -> np.ndarray:
@@ -97,7 +96,7 @@ def build_throughput(data: Path, repeats: int = 3) -> tuple[float, float]:
     from paraseek.training.export.starter import build_starter  # torch, lazily: only this row needs it
     from paraseek.training.export.starter_release import CROP_GRID
 
-    tmp = Path(tempfile.mkdtemp(prefix="paraseek-bench-index-"))
+    tmp = temporary_folder("paraseek-bench-index-")
     rates: dict[int, list[float]] = {CROP_GRID: [], 0: []}
     encoders = {}
     for grid in rates:

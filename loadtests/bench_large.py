@@ -27,7 +27,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import numpy as np
 from paraseek.core.bundle import read_manifest
 from paraseek.core.memory import MemorySampler, process_memory
 from paraseek.core.settings import Settings
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 from paraseek.loadtests.bench_index import write_synthetic_shards
 from paraseek.loadtests.bench_service import drive, start_paraseek, synthetic_space
 from paraseek.loadtests.machine import cpu_description
@@ -185,7 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     args = p.parse_args(argv)
     print(f"machine: {cpu_description()}", flush=True)
-    work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-large-"))
+    work = args.work or temporary_folder("paraseek-bench-large-")
     work.mkdir(parents=True, exist_ok=True)
     home = args.home or work / "home"
     bundle = args.bundle

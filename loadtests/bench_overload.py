@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import orjson
 
 from paraseek.core.memory import MemorySampler, process_memory
 from paraseek.core.settings import Settings
+from paraseek.loadtests import temporary_folder
 from paraseek.loadtests.bench_service import drive, start_paraseek
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import stop_server
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--factor", type=float, default=4.0)
     parser.add_argument("--home", type=Path, default=None, help="PARASEEK_HOME (default: a temporary folder)")
     args = parser.parse_args(argv)
-    home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-overload-"))
+    home = args.home or temporary_folder("paraseek-overload-")
     ensure_embedded_default(Settings(home=home))  # built here, so that both servers start as a warm install does
     captions = [c for group in caption_groups() for c in group]  # the demo gallery's captions
 

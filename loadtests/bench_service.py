@@ -48,7 +48,6 @@ import asyncio
 import os
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -60,7 +59,7 @@ import orjson
 from paraseek.core.bundle import PRECISIONS, read_manifest
 from paraseek.core.encoder import Encoder
 from paraseek.core.settings import Settings
-from paraseek.loadtests import DEFAULT_DATA
+from paraseek.loadtests import DEFAULT_DATA, temporary_folder
 from paraseek.loadtests.machine import cpu_clock, cpu_description, cpu_share, gpu_description
 from paraseek.loadtests.queries import caption_groups
 from paraseek.loadtests.server import start_server, stop_server
@@ -376,7 +375,7 @@ def scale_section(args, home: Path, groups: list[list[str]]) -> bool:
     from paraseek.index.snapshot import FaissStore
     from paraseek.service.runtime import load_encoder, load_snapshot
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="paraseek-bench-scale-"))
+    work = args.work or temporary_folder("paraseek-bench-scale-")
     work.mkdir(parents=True, exist_ok=True)
     counter = iter(range(10**9))
 
@@ -506,7 +505,7 @@ def main(argv=None) -> int:
         read_manifest(args.bundle, verify=False)  # a clear error before anything is built
     print(f"machine: {cpu_description()}\naccelerators: {gpu_description()}\nencoder runs on: "
           f"{', '.join(p.removesuffix('ExecutionProvider') for p in providers())}", flush=True)
-    home = args.home or Path(tempfile.mkdtemp(prefix="paraseek-bench-service-"))
+    home = args.home or temporary_folder("paraseek-bench-service-")
     # another checkout builds its own, in its own format; a given bundle serves the scale section alone
     if args.server_checkout is None and not (args.skip_demo and args.bundle is not None):
         ensure_embedded_default(Settings(home=home))

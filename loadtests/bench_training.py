@@ -25,7 +25,6 @@ import json
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -34,6 +33,7 @@ import numpy as np
 
 from paraseek.core.errors import UserError
 from paraseek.evaluation.data import read_caption_groups
+from paraseek.loadtests import temporary_folder
 from paraseek.loadtests.machine import cpu_description, gpu_description
 
 COCO_TRAIN_PHOTOS = 118_287  # COCO train2017
@@ -80,7 +80,7 @@ def bench(args: argparse.Namespace, after_row: Callable[[dict], None] = lambda r
     from paraseek.training.recipe import load_recipe
     from paraseek.training.trainer import Trainer, build_model, run_steps, seed_everything
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-training-"))
+    work = Path(args.work) if args.work else temporary_folder("paraseek-bench-training-")
     run_dir = work / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     groups = read_caption_groups(args.captions or DEFAULT_TEXTS)[: args.max_photos or None]
