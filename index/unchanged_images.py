@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -37,6 +37,7 @@ STAMP_FIELD = "file_stamp"  # metadata row: [size in bytes, modification time in
 TOWER_FIELD = "image_tower"  # manifest source: the image tower id the version's vectors were made with
 DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the photo's bytes (a file's, or a tar member's)
 INPUTS_FIELD = "inputs_digest"  # manifest source: inputs_digest of the build that wrote the version
+RECORD_FIELDS = tuple(f.name for f in fields(ImageRecord))
 
 
 def _hasher():
@@ -100,7 +101,8 @@ def inputs_digest(records: Sequence[ImageRecord], stamps: Sequence[list[int] | N
     h = _hasher()
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for record, stamp in zip(records, stamps, strict=True):
-        h.update(json.dumps([astuple(record), stamp], default=str).encode())
+        # the fields as they are (dataclasses.astuple deep-copies them: 85 % of the digest's time)
+        h.update(json.dumps([[getattr(record, name) for name in RECORD_FIELDS], stamp], default=str).encode())
         h.update(b"\n")  # one line a record: a field's text cannot run into the next record's
     h.update(json.dumps(list(rejected), sort_keys=True, default=str).encode())
     return h.hexdigest()
