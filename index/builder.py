@@ -271,7 +271,7 @@ def build_snapshot(
     began = time.perf_counter()
     src, store, spec, target_recall, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root,
                                                                    target_recall)
-    digests = source_digests(src) if reuse and checksum else None
+    digests = source_digests(src, progress=progress) if reuse and checksum else None
     store.clean_stale()
     if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
         same.report.update(images_total=len(src.records), seconds=round(time.perf_counter() - began, 3))

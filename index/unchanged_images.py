@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from paraseek.index.image_sources import ImageRecord, ImageSource, read_member
 from paraseek.index.store import SearchableSnapshot
@@ -69,11 +70,12 @@ def record_digest(root: Path, record: ImageRecord) -> str | None:
         return None
 
 
-def source_digests(src: ImageSource, workers: int = 4) -> list[str | None]:
+def source_digests(src: ImageSource, workers: int = 4, progress: bool = False) -> list[str | None]:
     """The ``record_digest`` of each of the source's records, in order. A few threads: hashing and reading
     release the GIL, and a network share answers reads in parallel."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda r: record_digest(src.root, r), src.records, chunksize=64))
+        digests = pool.map(lambda r: record_digest(src.root, r), src.records, chunksize=64)
+        return list(tqdm(digests, total=len(src.records), desc="hashing", unit="img", disable=not progress))
 
 
 def file_stamp(path: str | os.PathLike) -> list[int] | None:
