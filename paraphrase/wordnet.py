@@ -5,6 +5,7 @@ more often than the word itself, most used first. Multi-word lemmas become phras
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -59,14 +60,16 @@ def _general_sentences(cache_dir: Path) -> tuple[str, ...]:
     wn = _wordnet()
     texts = (text for synset in wn.all_synsets() for text in (*synset.examples(), synset.definition()))
     sentences = tuple(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    part = cache.with_name(f"{cache.name}.{os.getpid()}.part")  # whole or absent: another process may read it
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        part = cache.with_name(f"{cache.name}.{os.getpid()}.part")  # whole or absent: another process may read it
         with gzip.open(part, "wt", encoding="utf-8") as f:
             json.dump(sentences, f)
         os.replace(part, cache)
-    except OSError as exc:  # a read-only home: the next process walks again
+    except OSError as exc:  # a read-only or full home: the next process walks again
         log.warning("WordNet sentences not cached in %s: %s", cache_dir, exc)
+        with contextlib.suppress(OSError):  # none written, or no folder to write it in
+            part.unlink()
     return sentences
 
 
@@ -91,8 +94,11 @@ def _corpus_key() -> str:
         os.path.join(root.path, f"data.{pos}") for pos in ("noun", "verb", "adj", "adv")]
     h = hashlib.blake2b(nltk.__version__.encode(), digest_size=8)
     for name in files:
-        st = os.stat(name)
-        h.update(f"{os.path.abspath(name)} {st.st_size} {st.st_mtime_ns}".encode())
+        try:
+            st = os.stat(name)
+            h.update(f"{os.path.abspath(name)} {st.st_size} {st.st_mtime_ns}".encode())
+        except OSError:  # NLTK reports a broken corpus when it reads it
+            h.update(f"{os.path.abspath(name)} missing".encode())
     return h.hexdigest()
 
 

@@ -106,3 +106,25 @@ def test_wordnet_general_sentences_are_its_usage_examples_and_glosses(wordnet, t
     with pytest.raises(AssertionError, match="WordNet walked"):
         general_sentences(tmp_path / "cache")
     _general_sentences.cache_clear()
+
+
+def test_wordnet_general_sentences_are_given_where_they_cannot_be_cached(wordnet, tmp_path, monkeypatch):
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    from paraseek.paraphrase.wordnet import _general_sentences, general_sentences
+
+    class Synset:
+        def examples(self):
+            return ["a usage example ", "a usage example"]
+
+        def definition(self):
+            return "a gloss"
+
+    monkeypatch.setattr(WordNetCorpusReader, "all_synsets", lambda self, *a, **k: iter([Synset()]))
+    (tmp_path / "home").write_text("a file where the cache folder would go")
+    _general_sentences.cache_clear()
+    try:
+        assert general_sentences(tmp_path / "home" / "cache") == ["a usage example", "a gloss"]
+    finally:
+        _general_sentences.cache_clear()
+    assert [p.name for p in tmp_path.iterdir()] == ["home"]  # nothing half-written
