@@ -91,14 +91,15 @@ def _confine(src: ImageSource, follow_symlinks: bool) -> ImageSource:
 
     # real paths are absolute and normalised: a prefix test says what Path.is_relative_to says, without
     # parsing a Path per file (half the listing of a million-file folder)
-    inner = None if real_root is None else os.path.join(str(real_root), "")
+    top = None if real_root is None else str(real_root)
+    inner = None if top is None else os.path.join(top, "")
 
     def check(relative: str) -> bool:
         try:
             real = real_path(os.path.join(src.root, relative))
         except (OSError, RuntimeError, ValueError):
             return False
-        return inner is not None and (real.startswith(inner) or real == inner.rstrip(os.sep))
+        return inner is not None and (real.startswith(inner) or real == top)
 
     kept = []
     for rec in src.records:

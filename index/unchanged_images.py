@@ -70,12 +70,20 @@ def record_digest(root: Path, record: ImageRecord) -> str | None:
         return None
 
 
-def source_digests(src: ImageSource, workers: int = 4, progress: bool = False) -> list[str | None]:
+def source_digests(src: ImageSource, workers: int = 4, progress: bool = False, chunk: int = 256) -> list[str | None]:
     """The ``record_digest`` of each of the source's records, in order. A few threads: hashing and reading
-    release the GIL, and a network share answers reads in parallel."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        digests = pool.map(lambda r: record_digest(src.root, r), src.records, chunksize=64)
-        return list(tqdm(digests, total=len(src.records), desc="hashing", unit="img", disable=not progress))
+    release the GIL, and a network share answers reads in parallel. A task hashes ``chunk`` records: one
+    future a record took 1.8 KB each (370 MB for 200,000 files) and most of the time."""
+    records = src.records
+    digests: list[str | None] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool, \
+            tqdm(total=len(records), desc="hashing", unit="img", disable=not progress) as bar:
+        parts = pool.map(lambda start: [record_digest(src.root, r) for r in records[start:start + chunk]],
+                         range(0, len(records), chunk))
+        for part in parts:
+            digests.extend(part)
+            bar.update(len(part))
+    return digests
 
 
 def file_stamp(path: str | os.PathLike) -> list[int] | None:
@@ -191,6 +199,7 @@ def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRec
     (``known_sizes``, sorted), hashed (or their ``digests`` taken) and looked up by digest in ``base``; their
     vectors are appended to ``positions`` / ``parts``. -> how many."""
     by_digest: dict[str, list[int]] = {}
+    root_path = Path(root)
     for i, record in enumerate(records):
         stamp = stamps[i]
         if i in sizes or stamp is None:
@@ -199,7 +208,7 @@ def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRec
         at = int(np.searchsorted(known_sizes, size))
         if at == len(known_sizes) or known_sizes[at] != size:
             continue
-        digest = record_digest(Path(root), record) if digests is None else digests[i]
+        digest = record_digest(root_path, record) if digests is None else digests[i]
         if digest is not None:
             by_digest.setdefault(digest, []).append(i)  # two copies of one photo share its vector
     if not by_digest:
