@@ -104,6 +104,12 @@ def decoded_ahead(pool: Executor, fn: Callable[[T], R], items: Iterable[T], wind
         yield item, future.result()
 
 
+BuildProgress = Callable[[str, int, int], None]
+"""``(phase, done, total)`` of an image build: "hashing" the photos (``checksum``), "reusing" the vectors of
+unchanged ones, "encoding" (reused photos count as done), "indexing" (building, measuring and writing the
+version: ``done`` is 0 until it is written)."""
+
+
 def embed_records(
     encoder: Encoder,
     root: Path,
@@ -121,7 +127,7 @@ def embed_records(
     sizes: list[dict] = []
     skipped: list[dict] = []
     pending: list[tuple[np.ndarray, ImageRecord]] = []
-    bar = tqdm(total=len(records), unit="img", desc="indexing", disable=not progress, smoothing=0.1)
+    bar = tqdm(total=len(records), unit="img", desc="encoding", disable=not progress, smoothing=0.1)
 
     def flush():
         if pending:
@@ -243,7 +249,7 @@ def build_snapshot(
     batch_size: int = 32,
     workers: int | None = None,
     progress: bool = True,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: BuildProgress | None = None,
     activate: bool = True,
     target_recall: float | None = None,
     reuse: bool = True,
@@ -267,28 +273,34 @@ def build_snapshot(
 
     ``checksum``: compare photos by their bytes, not their stamps (every photo is read and hashed first):
     a file replaced by another of the same size and modification time is encoded again, and the current
-    version stays only when every photo it holds still has the bytes it recorded."""
+    version stays only when every photo it holds still has the bytes it recorded.
+
+    ``on_progress(phase, done, total)`` reports each phase as it goes (``BuildProgress``)."""
     began = time.perf_counter()
+    report_phase = on_progress or (lambda phase, done, total: None)
     src, store, spec, target_recall, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root,
                                                                    target_recall)
-    digests = source_digests(src, progress=progress) if reuse and checksum else None
+    total = len(src.records)
+    digests = (source_digests(src, progress=progress, on_progress=lambda done, _: report_phase("hashing", done, total))
+               if reuse and checksum else None)
     store.clean_stale()
     if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
-        same.report.update(images_total=len(src.records), seconds=round(time.perf_counter() - began, 3))
+        same.report.update(images_total=total, seconds=round(time.perf_counter() - began, 3))
         return same
     version = store.begin_version()
     try:
         start = time.perf_counter()
+        if reuse:
+            report_phase("reusing", 0, total)
         reused, reused_from = (unchanged_in_current(store, encoder, src, stamps, digests) if reuse
                                else (Reused.none(encoder.dim), None))
         n_reused = len(reused.positions)
         taken = set(reused.positions.tolist())
-        if n_reused and on_progress:
-            on_progress(n_reused, len(src.records))
+        report_phase("encoding", n_reused, total)  # the reused photos count as done
         vectors, kept, sizes, skipped = embed_records(
             encoder, src.root, [r for i, r in enumerate(src.records) if i not in taken], batch_size=batch_size,
             workers=workers, progress=progress,
-            on_progress=(lambda done, total: on_progress(done + n_reused, total + n_reused)) if on_progress else None,
+            on_progress=lambda done, _: report_phase("encoding", done + n_reused, total),
         )
         seconds = time.perf_counter() - start
         skipped = src.rejected + skipped
@@ -312,7 +324,9 @@ def build_snapshot(
                       "image_roots": [str(src.root.resolve())], TOWER_FIELD: encoder.image_tower_id,
                       INPUTS_FIELD: inputs}
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
+        report_phase("indexing", 0, len(kept))
         where, manifest = _finish(store, draft, encoder, spec, activate=activate, target_recall=target_recall)
+        report_phase("indexing", len(kept), len(kept))
     except BaseException:
         store.abort_version(version)  # nothing half-written stays behind; current untouched
         raise

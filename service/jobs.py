@@ -22,7 +22,7 @@ from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.service.engine import SearchEngine
 from paraseek.service.runtime import Active, first_answer_for, load_encoder, load_snapshot, validate_snapshot
-from paraseek.service.schemas import Job, ReindexRequest
+from paraseek.service.schemas import Job, JobProgress, ReindexRequest
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,13 @@ class JobManager:
 
     def _update(self, job_id: str, **changes) -> None:
         with self._lock:
-            self.jobs[job_id] = self.jobs[job_id].model_copy(update=changes)
-            # progress comes once per image: on disk at most once a second; state changes at once
+            before = self.jobs[job_id]
+            self.jobs[job_id] = before.model_copy(update=changes)
+            # progress comes once per image: on disk at most once a second; state and phase changes at once
             now = time.monotonic()
-            if set(changes) != {"progress"} or now - self._written_at.get(job_id, 0.0) >= 1.0:
+            new_phase = "progress" in changes and (before.progress is None
+                                                   or before.progress.phase != changes["progress"].phase)
+            if set(changes) != {"progress"} or new_phase or now - self._written_at.get(job_id, 0.0) >= 1.0:
                 self._write(self.jobs[job_id])
                 self._written_at[job_id] = now
 
@@ -114,10 +117,12 @@ class JobManager:
                 encoder = load_encoder(settings.bundle_dir, settings)
             spec = IndexSpec.model_validate({"type": req.index_type, **req.index_params})
             store = engine.store or store_from_settings(settings)
+            self._update(job_id, progress=JobProgress(phase="listing"))
             source = open_source(req.source, req.images, within=within)
             result = build_snapshot(
                 source, encoder, store, spec=spec, progress=False,
-                on_progress=lambda done, total: self._update(job_id, progress={"done": done, "total": total}),
+                on_progress=lambda phase, done, total: self._update(
+                    job_id, progress=JobProgress(phase=phase, done=done, total=total)),
                 activate=False, reuse=req.reuse, checksum=req.checksum,
             )
             if result.report.get("unchanged") and current is not None and current.snapshot.version == result.manifest.version:

@@ -388,16 +388,32 @@ class VersionsResponse(BaseModel):
     versions: list[PublishedVersion] = Field(description="oldest first")
 
 
+class JobProgress(BaseModel):
+    """Where a running reindex is: "listing" the source, "hashing" its photos (checksum), "reusing" the
+    vectors of unchanged photos, "encoding" the others (reused ones count as done), "indexing" (building,
+    measuring and writing the version)."""
+
+    # records written before phases were reported counted encoded images only
+    phase: Literal["listing", "hashing", "reusing", "encoding", "indexing"] = "encoding"
+    done: int = 0
+    total: int | None = Field(None, description="null while the source is listed")
+
+
 class Job(BaseModel):
     id: str
     kind: str
     state: Literal["queued", "running", "succeeded", "failed"]
     created_at: str
     finished_at: str | None = None
-    progress: dict = {}
+    progress: JobProgress | None = Field(None, description="null until the job starts")
     report: dict | None = None
     error: str | None = None
     snapshot_version: str | None = None
+
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _no_progress_yet(cls, value):
+        return value or None  # records written before progress was typed held {} until the first image
 
 
 class ErrorDetail(BaseModel):

@@ -132,10 +132,13 @@ def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_
     (photos / names[1]).unlink()  # one removed
     shutil.copy(others[1], photos / "new.jpg")  # one added
     counted_encodes.clear()
-    progress: list[tuple[int, int]] = []
-    third = build_snapshot(photos, starter_encoder, store, progress=False, on_progress=lambda d, t: progress.append((d, t)))
+    progress: list[tuple[str, int, int]] = []
+    third = build_snapshot(photos, starter_encoder, store, progress=False,
+                           on_progress=lambda *step: progress.append(step))
     assert sum(counted_encodes) == 2 and third.report["reused"] == 4 and third.report["encoded"] == 2
-    assert progress[-1] == (6, 6)  # the reused photos count as done
+    # the reused photos count as done when encoding starts; the version is written last
+    assert progress == [("reusing", 0, 6), ("encoding", 4, 6), ("encoding", 5, 6), ("encoding", 6, 6),
+                        ("indexing", 0, 6), ("indexing", 6, 6)]
     after = vectors_by_id(store)
     assert len(after) == 6
     # every vector is what encoding the folder from scratch gives: the reused ones and the new ones
@@ -366,8 +369,11 @@ def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, p
     assert plan_build(photos, starter_encoder, store)["unchanged"]  # by stamps, nothing changed
     plan = plan_build(photos, starter_encoder, store, checksum=True)
     assert not plan["unchanged"] and (plan["reuse"], plan["moved"], plan["encode"]) == (5, 0, 1) and counted_encodes == []
-    rebuilt = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
+    phases: list[str] = []
+    rebuilt = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True,
+                             on_progress=lambda phase, done, total: phases.append(phase))
     assert sum(counted_encodes) == 1 and rebuilt.report["reused"] == 5 and rebuilt.report["encoded"] == 1
+    assert list(dict.fromkeys(phases)) == ["hashing", "reusing", "encoding", "indexing"]  # every photo hashed first
     assert rebuilt.report["reused_from"] == first.manifest.version
     after = vectors_by_path(store)
     assert after[replaced.name].tobytes() != before[replaced.name].tobytes()

@@ -48,7 +48,7 @@ def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data
         assert r.status_code == 202
         job = wait_job(c, r.json()["id"])
         assert job["state"] == "succeeded", job
-        assert job["report"]["indexed"] == 159 and job["progress"]["done"] == 159
+        assert job["report"]["indexed"] == 159 and job["progress"] == {"phase": "indexing", "done": 159, "total": 159}
         after = c.get("/v1/info").json()["snapshot"]
         assert before["scan_copy_bytes"] == after["scan_copy_bytes"] == 0  # no copy of small or approximate indexes
         assert after["count"] == 159 and after["version"] == job["snapshot_version"] != before["version"]
@@ -329,6 +329,58 @@ def test_a_reload_during_a_reindex_is_not_reverted(make_settings, snapshot_copy,
         assert after["bundle"]["precision"] == "int8"  # the reload stands
         assert after["snapshot"]["version"] == before["snapshot"]["version"]
         assert (snapshot_copy / "current").read_text().strip() == before["snapshot"]["version"]  # not published
+
+
+def test_a_running_reindex_says_its_phase_and_writes_each_phase_at_once(make_settings, snapshot_copy, tmp_path,
+                                                                         shared_data, monkeypatch):
+    """A checksum reindex goes listing, hashing, reusing, encoding, indexing; an operator polling the job
+    sees where it is, and its record on disk (what a restarted service reports) has each phase as it
+    starts, though progress within a phase is written at most once a second."""
+    import json
+    import threading
+
+    from paraseek.service import jobs as jobs_module
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for photo in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
+        shutil.copy(photo, root / photo.name)
+    encoding, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+    real_build = jobs_module.build_snapshot
+
+    def build_pausing_while_encoding(*args, on_progress, **kwargs):
+        def report(phase, done, total):
+            on_progress(phase, done, total)
+            if phase not in seen:
+                seen.append(phase)
+                if phase == "encoding":
+                    encoding.set()
+                    assert release.wait(60)
+        return real_build(*args, on_progress=report, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "build_snapshot", build_pausing_while_encoding)
+    settings = make_settings(snapshot=snapshot_copy, reindex_root=root)
+    with TestClient(create_app(settings)) as c:
+        job_id = c.post("/v1/admin/reindex", json={"source": str(root), "checksum": True}, headers=AUTH).json()["id"]
+        assert encoding.wait(60)
+        running = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH).json()
+        assert running["state"] == "running" and running["progress"] == {"phase": "encoding", "done": 0, "total": 3}
+        on_disk = json.loads((settings.jobs_path / f"{job_id}.json").read_text())
+        assert on_disk["progress"] == running["progress"]  # the phase changed: written though the hashing was just now
+        release.set()
+        job = wait_job(c, job_id)
+        assert job["state"] == "succeeded" and job["progress"] == {"phase": "indexing", "done": 3, "total": 3}
+    assert seen == ["hashing", "reusing", "encoding", "indexing"]
+
+
+def test_job_records_written_before_phases_still_load(tmp_path, make_settings):
+    from paraseek.service.schemas import Job
+
+    base = {"id": "a", "kind": "reindex", "state": "succeeded", "created_at": "2026-11-01T00:00:00+00:00"}
+    assert Job.model_validate({**base, "progress": {}}).progress is None
+    old = Job.model_validate({**base, "progress": {"done": 3, "total": 4}}).progress
+    assert old is not None and (old.phase, old.done, old.total) == ("encoding", 3, 4)
 
 
 def test_a_swap_that_lost_the_race_changes_nothing(client):
