@@ -35,6 +35,7 @@ from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotS
 from paraseek.index.unchanged_images import (
     DIGEST_FIELD,
     INPUTS_FIELD,
+    SKIPPED_FIELD,
     STAMP_FIELD,
     TOWER_FIELD,
     Reused,
@@ -43,6 +44,7 @@ from paraseek.index.unchanged_images import (
     inputs_digest,
     recorded_bytes_unchanged,
     reusable_vectors,
+    skipped_digest,
     source_digests,
     source_stamps,
 )
@@ -69,11 +71,12 @@ class BuildResult:
 
 
 def _decode(encoder: Encoder, root: Path, record: ImageRecord):
-    """-> (pixels, width, height, file fields: stamp and digest) or an error string; never raises (bad
-    files are reported)."""
+    """-> (pixels, width, height, file fields: stamp and digest) or, for a file that cannot be read or
+    decoded, ``{"error": why}`` with the digest of its bytes where they were read; never raises (bad files
+    are reported)."""
     stamp = file_stamp(root / record.path)  # before the read: a file changed meanwhile is stamped older
+    fields: dict = {STAMP_FIELD: stamp} if stamp else {}
     try:
-        fields: dict = {STAMP_FIELD: stamp} if stamp else {}
         # a tar shard's member is read in place; the bytes are hashed on the way (a moved file is found by
         # them, a checksum build compares them: unchanged_images)
         source = read_member(root, record) if record.member is not None else (root / record.path).read_bytes()
@@ -83,9 +86,11 @@ def _decode(encoder: Encoder, root: Path, record: ImageRecord):
             return encoder.preprocess(im), width, height, fields
     except ImageDecodeError as exc:
         cause = exc.__cause__
-        return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        # its digest: a checksum build keeps the version only while a skipped file keeps its bytes
+        return {"error": f"{type(cause).__name__}: {cause}" if cause is not None else str(exc),
+                DIGEST_FIELD: fields[DIGEST_FIELD]}
     except OSError as exc:  # the file itself could not be read
-        return f"{type(exc).__name__}: {exc}"
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def decoded_ahead(pool: Executor, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[tuple[T, R]]:
@@ -139,10 +144,9 @@ def embed_records(
     with ThreadPoolExecutor(max_workers=workers) as pool:
         decoded = decoded_ahead(pool, lambda r: _decode(encoder, root, r), records, window=2 * batch_size)
         for done, (record, result) in enumerate(decoded, 1):
-            if isinstance(result, str):
-                where = f"{record.path}:{record.member}" if record.member else record.path
-                skipped.append({"path": where, "error": result})
-                log.warning("skipped %s: %s", where, result)
+            if isinstance(result, dict):
+                skipped.append({"path": record.location, **result})
+                log.warning("skipped %s: %s", record.location, result["error"])
             else:
                 pixels, width, height, fields = result
                 pending.append((pixels, record))
@@ -303,6 +307,7 @@ def build_snapshot(
             on_progress=lambda done, _: report_phase("encoding", done + n_reused, total),
         )
         seconds = time.perf_counter() - start
+        undecoded = skipped_digest((s["path"], s.get(DIGEST_FIELD)) for s in skipped)
         skipped = src.rejected + skipped
         if not kept and not n_reused:
             raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
@@ -322,7 +327,7 @@ def build_snapshot(
         provenance = {"kind": src.kind, "root": str(src.root.resolve()),
                       "annotations": str(src.annotations.resolve()) if src.annotations else None,
                       "image_roots": [str(src.root.resolve())], TOWER_FIELD: encoder.image_tower_id,
-                      INPUTS_FIELD: inputs}
+                      INPUTS_FIELD: inputs, SKIPPED_FIELD: undecoded}
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
         report_phase("indexing", 0, len(kept))
         where, manifest = _finish(store, draft, encoder, spec, activate=activate, target_recall=target_recall)
@@ -376,8 +381,8 @@ def build_inputs(src: ImageSource, stamps: Sequence[list[int] | None], encoder: 
 
 def derived_provenance(source: dict) -> dict:
     """The provenance of a version made from another (an update, a copy): the other's, less its inputs
-    digest, since a build of those inputs would not write this version."""
-    return {k: v for k, v in source.items() if k != INPUTS_FIELD}
+    digest (and its skipped files' digest), since a build of those inputs would not write this version."""
+    return {k: v for k, v in source.items() if k not in (INPUTS_FIELD, SKIPPED_FIELD)}
 
 
 def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str, src: ImageSource,

@@ -36,6 +36,11 @@ class ImageRecord:
     offset: int | None = None
     size: int | None = None
 
+    @property
+    def location(self) -> str:
+        """How a build's report names it: the path, or ``shard.tar:member``."""
+        return f"{self.path}:{self.member}" if self.member else self.path
+
 
 def path_id(relative_path: str) -> int:
     """A stable positive int64 id for an image path (same path, same id, across builds)."""

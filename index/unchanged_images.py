@@ -15,7 +15,8 @@ build's digest is the same, nothing changed, and the current version stays as it
 Stamps miss a file replaced by another of the same size and modification time (a copy that kept the
 original's time, a clock set back). ``checksum`` builds trust bytes only, as ``rsync --checksum`` does:
 every photo is read and hashed (``source_digests``), a recorded vector is taken only for the same bytes,
-and the current version stays only when every photo it holds still has the bytes it recorded.
+and the current version stays only when every photo it holds still has the bytes it recorded, and every
+file it could not decode the bytes it had (``skipped_digest``: a repaired file is encoded).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -38,6 +39,7 @@ STAMP_FIELD = "file_stamp"  # metadata row: [size in bytes, modification time in
 TOWER_FIELD = "image_tower"  # manifest source: the image tower id the version's vectors were made with
 DIGEST_FIELD = "file_digest"  # metadata row: blake2b-128 of the photo's bytes (a file's, or a tar member's)
 INPUTS_FIELD = "inputs_digest"  # manifest source: inputs_digest of the build that wrote the version
+SKIPPED_FIELD = "skipped_digest"  # manifest source: skipped_digest of the files that build could not decode
 RECORD_FIELDS = tuple(f.name for f in fields(ImageRecord))
 
 
@@ -233,20 +235,31 @@ def _moved_files(base: SearchableSnapshot, root: str, records: Sequence[ImageRec
     return found
 
 
+def skipped_digest(skipped: Iterable[tuple[str, str | None]]) -> str:
+    """One digest of the files a build could not decode: (location, ``record_digest`` or None where the
+    bytes could not be read), in any order."""
+    return content_digest(json.dumps(sorted(skipped, key=lambda pair: (pair[0], pair[1] or ""))).encode())
+
+
 def recorded_bytes_unchanged(base: SearchableSnapshot, root: Path, records: Sequence[ImageRecord],
                              digests: Sequence[str | None]) -> bool:
     """Whether every photo ``base`` holds is among ``records`` (read under ``root``) with the bytes it
-    recorded (``digests``: the records' ``record_digest``): a checksum build's proof that nothing changed,
-    where equal stamps are not taken for it. Rows without a digest (versions built before digests were
-    recorded) prove nothing."""
-    if not base.image_roots:
+    recorded (``digests``: the records' ``record_digest``), and the records it could not decode still have
+    the bytes they had (``SKIPPED_FIELD``): a checksum build's proof that nothing changed, where equal
+    stamps are not taken for it. Rows without a digest, and versions without the skipped files' digest
+    (built before either was recorded), prove nothing."""
+    if not base.image_roots or SKIPPED_FIELD not in base.manifest.source:
         return False
     real_root, base_root = str(root.resolve()), str(base.image_roots[0])
     now = {_key(real_root, r.path, r.member, r.offset): d for r, d in zip(records, digests, strict=True) if d is not None}
+    held = set()
     for _ids, _vectors, rows in base.iter_contents():
         for row in rows:
             recorded = row.get(DIGEST_FIELD)
             key = _key(base_root, str(row.get("path") or ""), row.get("member"), row.get("offset"))
             if recorded is None or now.get(key) != recorded:
                 return False
-    return True
+            held.add(key)
+    not_held = [(r.location, d) for r, d in zip(records, digests, strict=True)
+                if _key(real_root, r.path, r.member, r.offset) not in held]
+    return skipped_digest(not_held) == base.manifest.source[SKIPPED_FIELD]

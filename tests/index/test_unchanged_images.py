@@ -396,6 +396,33 @@ def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, p
     assert counted_encodes == [] and touched.manifest.version != rebuilt.manifest.version
 
 
+def test_a_checksum_build_finds_a_photo_that_could_not_be_decoded_replaced_under_its_stamp(
+        backend, photos, starter_encoder, counted_encodes, tmp_path, request, shared_data):
+    """A file the version skipped (it did not decode) holds no row to compare, so its bytes are recorded in
+    the manifest: repaired in place with the same size and time, a checksum build encodes it."""
+    store = store_for(backend, tmp_path, request)
+    broken = photos / "broken.jpg"
+    good = sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[6].read_bytes()  # not among the photos
+    broken.write_bytes(b"\0" * len(good))  # a photo's size, none of its bytes
+    first = build_snapshot(photos, starter_encoder, store, progress=False)
+    assert first.manifest.count == 6 and [s["path"] for s in first.report["skipped"]] == ["broken.jpg"]
+    counted_encodes.clear()
+    same = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
+    assert same.report["unchanged"] and counted_encodes == []  # the skipped file kept its bytes too
+
+    stamp = file_stamp(broken)
+    assert stamp is not None
+    broken.write_bytes(good)  # repaired, a restore keeping the damaged file's time
+    os.utime(broken, ns=(stamp[1], stamp[1]))
+    assert file_stamp(broken) == stamp
+    assert plan_build(photos, starter_encoder, store)["unchanged"]  # by stamps, nothing changed
+    plan = plan_build(photos, starter_encoder, store, checksum=True)
+    assert not plan["unchanged"] and plan["encode"] == 1
+    repaired = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
+    assert repaired.manifest.count == 7 and repaired.report["skipped"] == []
+    assert (repaired.report["reused"], repaired.report["encoded"]) == (6, 1) and sum(counted_encodes) == 1
+
+
 def test_a_checksum_build_compares_tar_members_by_their_bytes(photos, starter_encoder, counted_encodes, tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
