@@ -307,7 +307,7 @@ def build_snapshot(
             on_progress=lambda done, _: report_phase("encoding", done + n_reused, total),
         )
         seconds = time.perf_counter() - start
-        undecoded = skipped_digest((s["path"], s.get(DIGEST_FIELD)) for s in skipped)
+        undecoded = [(s["path"], s.get(DIGEST_FIELD)) for s in skipped]
         skipped = src.rejected + skipped
         if not kept and not n_reused:
             raise BuildError(f"none of the {len(src.records)} files in {src.root} could be decoded as an image")
@@ -324,11 +324,8 @@ def build_snapshot(
             "reused_from": reused_from if n_reused else None, "moved": reused.moved, "skipped": skipped,
             "seconds": round(seconds, 3), "images_per_second": round(len(kept) / max(seconds, 1e-9), 2),
         }
-        provenance = {"kind": src.kind, "root": str(src.root.resolve()),
-                      "annotations": str(src.annotations.resolve()) if src.annotations else None,
-                      "image_roots": [str(src.root.resolve())], TOWER_FIELD: encoder.image_tower_id,
-                      INPUTS_FIELD: inputs, SKIPPED_FIELD: undecoded}
-        draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes), provenance, report)
+        draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes),
+                             image_provenance(src, encoder, inputs, undecoded), report)
         report_phase("indexing", 0, len(kept))
         where, manifest = _finish(store, draft, encoder, spec, activate=activate, target_recall=target_recall)
         report_phase("indexing", len(kept), len(kept))
@@ -377,6 +374,16 @@ def build_inputs(src: ImageSource, stamps: Sequence[list[int] | None], encoder: 
         "index": spec.model_dump(mode="json"), "target_recall": target_recall, "kind": src.kind,
         "root": str(src.root.resolve()), "annotations": str(src.annotations.resolve()) if src.annotations else None,
         "paraseek": __version__})
+
+
+def image_provenance(src: ImageSource, encoder: Encoder, inputs: str,
+                     undecoded: Iterable[tuple[str, str | None]] = ()) -> dict:
+    """The manifest ``source`` of an image build: which source was indexed, by which image tower, its
+    ``build_inputs`` digest and the ``skipped_digest`` of the files it could not decode (location, digest)."""
+    root = str(src.root.resolve())
+    return {"kind": src.kind, "root": root, "annotations": str(src.annotations.resolve()) if src.annotations else None,
+            "image_roots": [root], TOWER_FIELD: encoder.image_tower_id, INPUTS_FIELD: inputs,
+            SKIPPED_FIELD: skipped_digest(undecoded)}
 
 
 def derived_provenance(source: dict) -> dict:

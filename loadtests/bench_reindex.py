@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from paraseek.core.encoder import Encoder
-from paraseek.index.builder import build_inputs, build_snapshot, bundle_ref, unchanged_in_current
+from paraseek.index.builder import build_inputs, build_snapshot, bundle_ref, image_provenance, unchanged_in_current
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.index.snapshot import FaissStore
-from paraseek.index.unchanged_images import DIGEST_FIELD, INPUTS_FIELD, STAMP_FIELD, TOWER_FIELD, content_digest, source_stamps
+from paraseek.index.unchanged_images import DIGEST_FIELD, STAMP_FIELD, content_digest, source_stamps
 from paraseek.index.versions import VersionDraft
 from paraseek.loadtests import DEFAULT_DATA
 
@@ -77,11 +77,9 @@ def lookup_seconds(encoder: Encoder, folder: Path, n: int, rounds: int) -> dict[
     rows = [{"id": r.id, "path": r.path, "width": 640, "height": 480, STAMP_FIELD: stamp, DIGEST_FIELD: digest}
             for r, stamp in zip(src.records, stamps)]
     store = FaissStore(folder.parent / "lookup-snap")
-    root = str(folder.resolve())
     spec = IndexSpec(type="flat")
     draft = VersionDraft(store.begin_version(), vecs, np.array([r.id for r in src.records], np.int64), rows,
-                         {"kind": "folder", "root": root, "image_roots": [root], TOWER_FIELD: encoder.image_tower_id,
-                          INPUTS_FIELD: build_inputs(src, stamps, encoder, spec, None)}, {})
+                         image_provenance(src, encoder, build_inputs(src, stamps, encoder, spec, None)), {})
     store.write_version(draft, bundle_ref(encoder), spec, queries=vecs[:10], query_source="a sample")
     opened, found, digested, whole, hashed = [], [], [], [], []
     for _ in range(rounds):
