@@ -1,5 +1,5 @@
 """Giving freed memory back to the operating system, and keeping the collector off the long-lived
-heap (long-running servers).
+heap (long-running servers) and out of bulk bookkeeping (``collection_paused``).
 
 A reload or reindex frees a whole encoder or index, and a reindex's decoding threads and batch
 activations free hundreds of MB; glibc keeps freed blocks in per-thread arenas, so the process's RSS
@@ -12,6 +12,8 @@ import ctypes
 import gc
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -53,6 +55,33 @@ def freeze_long_lived() -> None:
     gc.unfreeze()
     release_free_memory()
     gc.freeze()
+
+
+_pause_lock = threading.Lock()
+_pauses = 0
+_enable_after = False
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """The cyclic collector off for a block that allocates millions of small objects holding no cycles (a
+    build's listing, stamps and metadata rows): each allocation burst otherwise sets off collections that
+    traverse every record alive, 70 % of finding 100,000 unchanged photos' vectors. Refcounting still frees
+    everything. Blocks may overlap across threads: the collector comes back with the last one, and only if
+    it was on before the first."""
+    global _pauses, _enable_after
+    with _pause_lock:
+        if _pauses == 0:
+            _enable_after = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _enable_after:
+                gc.enable()
 
 
 @dataclass(frozen=True)

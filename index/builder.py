@@ -22,7 +22,7 @@ from tqdm import tqdm
 from paraseek.core import __version__
 from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
-from paraseek.core.memory import MemorySampler
+from paraseek.core.memory import MemorySampler, collection_paused
 from paraseek.index.faiss_index import (
     AUTO_TARGET_RECALL,
     IndexSpec,
@@ -162,6 +162,7 @@ def embed_records(
     return matrix, kept, sizes, skipped
 
 
+@collection_paused()
 def _metadata(records: Iterable[ImageRecord], sizes: Iterable[dict]) -> list[dict]:
     rows = []
     for rec, size in zip(records, sizes):
@@ -353,6 +354,7 @@ def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str
             "encode": len(src.records) - len(reused.positions)}
 
 
+@collection_paused()
 def _image_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str | Path | SnapshotStore,
                  spec: IndexSpec | None, image_root: str | Path | None, target_recall: float | None):
     """What ``build_snapshot`` and ``plan_build`` start from: (the source, the store, the index spec and
@@ -392,6 +394,7 @@ def derived_provenance(source: dict) -> dict:
     return {k: v for k, v in source.items() if k not in (INPUTS_FIELD, SKIPPED_FIELD)}
 
 
+@collection_paused()
 def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str, src: ImageSource,
                         digests: Sequence[str | None] | None = None) -> BuildResult | None:
     """The current version when a build of these very inputs wrote it and it still reads back whole
@@ -419,6 +422,7 @@ def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str, src
     return BuildResult(store.location(manifest.version), manifest, [], 0.0, report)
 
 
+@collection_paused()
 def unchanged_in_current(store: SnapshotStore, encoder: Encoder, src: ImageSource, stamps: Sequence[list[int] | None],
                          digests: Sequence[str | None] | None = None) -> tuple[Reused, str | None]:
     """The current version's vectors of the source's unchanged files (``stamps``: their ``file_stamp``s;

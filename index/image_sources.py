@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paraseek.core.errors import UserError
+from paraseek.core.memory import collection_paused
 
 
 class ImageSourceError(UserError):
@@ -264,6 +265,7 @@ def source_paths(source: str | Path) -> list[Path]:
     return [Path(source)]
 
 
+@collection_paused()  # a million records: no collections traversing them as they are made
 def open_source(source: str | Path, image_root: str | Path | None = None, follow_symlinks: bool = False,
                 within: Sequence[Path] | None = None) -> ImageSource:
     """``source`` is an image folder, or a COCO JSON (images in ``image_root``, default: beside it,

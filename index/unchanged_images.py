@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from paraseek.core.memory import collection_paused
 from paraseek.index.image_sources import ImageRecord, ImageSource, read_member
 from paraseek.index.store import SearchableSnapshot
 
@@ -102,6 +103,7 @@ def file_stamp(path: str | os.PathLike) -> list[int] | None:
     return [int(st.st_size), int(st.st_mtime_ns)]
 
 
+@collection_paused()
 def source_stamps(src: ImageSource) -> list[list[int] | None]:
     """The ``file_stamp`` of each of the source's records, in order."""
     root = str(src.root)

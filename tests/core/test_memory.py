@@ -74,6 +74,48 @@ def test_freeze_long_lived_keeps_full_collections_off_the_loaded_state_and_frees
     assert out.stdout.strip() == "ok"
 
 
+def test_collection_pauses_overlap_across_threads_and_restore_what_was_there():
+    import gc
+    import threading
+
+    from paraseek.core.memory import collection_paused
+
+    assert gc.isenabled()
+    first_in, second_out = threading.Event(), threading.Event()
+
+    def second() -> None:
+        assert first_in.wait(10)
+        with collection_paused():
+            pass
+        second_out.set()
+
+    other = threading.Thread(target=second)
+    other.start()
+    with collection_paused():
+        assert not gc.isenabled()
+        first_in.set()
+        assert second_out.wait(10)
+        assert not gc.isenabled()  # the other thread's pause ended, this one has not
+    other.join()
+    assert gc.isenabled()
+
+    @collection_paused()
+    def paused_call(fail: bool) -> bool:
+        if fail:
+            raise ValueError("inside")
+        return gc.isenabled()
+
+    assert paused_call(False) is False and gc.isenabled()
+    with pytest.raises(ValueError):
+        paused_call(True)
+    assert gc.isenabled()  # back on after an error too
+    gc.disable()
+    try:  # a collector someone else turned off stays off
+        assert paused_call(False) is False and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_server_encoders_free_activations_after_each_call(starter_bundle, tmp_path):
     from paraseek.core.settings import Settings
     from paraseek.service.runtime import load_encoder
