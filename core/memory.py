@@ -68,7 +68,8 @@ def collection_paused() -> Iterator[None]:
     build's listing, stamps and metadata rows): each allocation burst otherwise sets off collections that
     traverse every record alive, 70 % of finding 100,000 unchanged photos' vectors. Refcounting still frees
     everything. Blocks may overlap across threads: the collector comes back with the last one, and only if
-    it was on before the first."""
+    it was on before the first. The switch is the process's: a service's request cycles made meanwhile wait
+    for the block to end (seconds, even at a million files), which costs memory, not correctness."""
     global _pauses, _enable_after
     with _pause_lock:
         if _pauses == 0:
