@@ -272,7 +272,8 @@ def recorded_bytes_unchanged(base: SearchableSnapshot, root: Path, records: Sequ
     if not base.image_roots or SKIPPED_FIELD not in base.manifest.source:
         return False
     real_root, base_root = str(root.resolve()), str(base.image_roots[0])
-    now = {_key(real_root, r.path, r.member, r.offset): d for r, d in zip(records, digests, strict=True) if d is not None}
+    keys = [_key(real_root, r.path, r.member, r.offset) for r in records]  # once: the skipped files need them too
+    now = {key: d for key, d in zip(keys, digests, strict=True) if d is not None}
     held = set()
     for _ids, _vectors, rows in base.iter_contents():
         for row in rows:
@@ -281,6 +282,5 @@ def recorded_bytes_unchanged(base: SearchableSnapshot, root: Path, records: Sequ
             if recorded is None or now.get(key) != recorded:
                 return False
             held.add(key)
-    not_held = [(r.location, d) for r, d in zip(records, digests, strict=True)
-                if _key(real_root, r.path, r.member, r.offset) not in held]
+    not_held = [(r.location, d) for r, key, d in zip(records, keys, digests, strict=True) if key not in held]
     return skipped_digest(not_held) == base.manifest.source[SKIPPED_FIELD]
