@@ -428,6 +428,8 @@ def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str, src
             if digests is not None and not recorded_bytes_unchanged(snap, src.root, src.records, digests):
                 log.info("the photos' bytes differ from those %s recorded: building", manifest.version)
                 return None
+            # the files it could not decode are still there, unchanged: still skipped
+            skipped = src.rejected + _still_undecodable(snap, src.records, manifest.version)
         finally:
             snap.close()
     except (SnapshotError, IndexUnavailable) as exc:  # rebuilt (or refused) by the build that follows
@@ -435,8 +437,17 @@ def _current_built_from(store: SnapshotStore, encoder: Encoder, inputs: str, src
         return None
     log.info("nothing changed since %s was built: it stays current", manifest.version)
     report: dict = {"unchanged": True, "indexed": manifest.count, "encoded": 0, "reused": 0, "reused_from": None,
-                    "moved": 0, "skipped": []}
-    return BuildResult(store.location(manifest.version), manifest, [], 0.0, report)
+                    "moved": 0, "skipped": skipped}
+    return BuildResult(store.location(manifest.version), manifest, skipped, 0.0, report)
+
+
+def _still_undecodable(snap: SearchableSnapshot, records: Sequence[ImageRecord], version: str) -> list[dict]:
+    """The records a version built from these very inputs does not hold: the files its build could not decode."""
+    if len(snap) >= len(records):
+        return []  # it holds every one (the ids need not be read)
+    missing = ~np.isin(np.fromiter((r.id for r in records), np.int64, len(records)), snap.held_ids())
+    return [{"path": records[i].location, "error": f"could not be decoded when {version} was built, and is unchanged since"}
+            for i in np.flatnonzero(missing).tolist()]
 
 
 @collection_paused()

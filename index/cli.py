@@ -19,6 +19,7 @@ from paraseek.core.errors import UserError
 from paraseek.core.settings import Settings
 from paraseek.index.backends import store_from_settings
 from paraseek.index.builder import (
+    BuildResult,
     build_snapshot,
     build_snapshot_from_vectors,
     copy_snapshot,
@@ -270,7 +271,15 @@ def build_cmd(
                       f"settings): it stays current, {m.count} {unit}; --reencode builds a new version all the same",
                       soft_wrap=True, highlight=False)
         console.print(f"in {store.describe()}", soft_wrap=True, highlight=False)
-        return
+    else:
+        print_published(result, store, unit)
+    for item in result.skipped:
+        err.print(f"skipped {item['path']}: {item['error']}", highlight=False)
+
+
+def print_published(result: BuildResult, store: SnapshotStore, unit: str) -> None:
+    """What a build that published a new version says: its size, speed, recall and reuse."""
+    m = result.manifest
     console.print(
         f"published {m.version}: {m.count} {unit}, index {m.index.type}, "
         f"{result.images_per_second:.1f} {unit}/s" + (f", recall@10 {m.recall_at_10:.3f}" if m.recall_at_10 is not None else ""),
@@ -293,8 +302,6 @@ def build_cmd(
                       f"{t['setting']} -> {t['recall_at_10_on_tuning_queries']:.3f} there, {m.recall_at_10:.3f} on "
                       f"{m.recall_queries} held-out queries" + ("" if t["reached"] else " (target NOT reached: the most "
                                                                  "accurate setting tried is kept)"))
-    for item in result.skipped:
-        err.print(f"skipped {item['path']}: {item['error']}", highlight=False)
 
 
 @app.command("export")

@@ -645,6 +645,17 @@ class MilvusSnapshot(SearchableSnapshot):
             raise KeyError(f"ids not in the index: {missing[:5]}")
         return np.asarray([found[i] for i in wanted], np.float32).reshape(len(wanted), self.manifest.dim)
 
+    def held_ids(self) -> np.ndarray:
+        iterator = self._call("export", self.store.client.query_iterator, self.collection, batch_size=16_384,
+                              output_fields=["id"])
+        parts = []
+        try:
+            while rows := self._call("export", iterator.next):
+                parts.append(np.fromiter((r["id"] for r in rows), np.int64, len(rows)))
+        finally:
+            iterator.close()
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
     def iter_contents(self, chunk: int = 16_384):
         iterator = self._call("export", self.store.client.query_iterator, self.collection, batch_size=min(chunk, 16_384),
                               output_fields=["id", "vector", "meta"])

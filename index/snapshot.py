@@ -500,6 +500,9 @@ class Snapshot(SearchableSnapshot):
         exact = self.exact_vectors()
         return np.asarray(exact.vectors[exact.rows(np.asarray(image_ids, np.int64))], np.float32)
 
+    def held_ids(self) -> np.ndarray:
+        return self.ids
+
     def iter_contents(self, chunk: int = 65_536):
         vectors = self.vectors()
         for begin in range(0, len(self.ids), chunk):

@@ -166,6 +166,11 @@ class SearchableSnapshot(ABC):
         """(ids, vectors, metadata rows) of the whole version, chunk by chunk (updates and exports)."""
         raise NotImplementedError
 
+    def held_ids(self) -> np.ndarray:
+        """Every image id of the version (its vectors and metadata left unread where the backend can)."""
+        parts = [ids for ids, _vectors, _rows in self.iter_contents()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
     def contents(self) -> tuple[np.ndarray, np.ndarray, list[dict]]:
         """(ids, vectors, metadata rows) of the whole version, in memory (updates and copies)."""
         parts = list(self.iter_contents())

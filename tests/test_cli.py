@@ -56,6 +56,20 @@ def test_index_build_and_search_json(home, shared_data, tmp_path):
     assert rows[0]["query"] == "two giraffes" and len(rows[0]["results"]) == 4
 
 
+def test_index_build_says_which_files_stay_skipped_when_nothing_changed(home, shared_data, tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for path in sorted((shared_data / "coco-mini/val2017").glob("*.jpg"))[:3]:
+        shutil.copy(path, photos / path.name)
+    (photos / "broken.jpg").write_bytes(b"not a jpeg")
+    args = ["index", "build", str(photos), "--out", str(tmp_path / "snap")]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0 and "published" in first.output and "skipped broken.jpg: " in first.output, first.output
+    same = runner.invoke(app, args)  # the broken file is still there: still named, though nothing is decoded again
+    assert same.exit_code == 0 and "it stays current" in same.output, same.output
+    assert "skipped broken.jpg: could not be decoded when v0001-" in same.output, same.output
+
+
 def test_models_info_verifies(home):
     r = runner.invoke(app, ["models", "info"])
     assert r.exit_code == 0 and json.loads(r.output)["name"] == "paraseek-starter"

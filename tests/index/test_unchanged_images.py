@@ -409,6 +409,9 @@ def test_a_checksum_build_finds_a_photo_that_could_not_be_decoded_replaced_under
     counted_encodes.clear()
     same = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
     assert same.report["unchanged"] and counted_encodes == []  # the skipped file kept its bytes too
+    for kept in (same, build_snapshot(photos, starter_encoder, store, progress=False)):  # by bytes, by stamps
+        assert [s["path"] for s in kept.report["skipped"]] == ["broken.jpg"] and kept.skipped == kept.report["skipped"]
+        assert first.manifest.version in kept.skipped[0]["error"]  # the file is still there, and still not indexed
 
     stamp = file_stamp(broken)
     assert stamp is not None
