@@ -645,26 +645,25 @@ class MilvusSnapshot(SearchableSnapshot):
             raise KeyError(f"ids not in the index: {missing[:5]}")
         return np.asarray([found[i] for i in wanted], np.float32).reshape(len(wanted), self.manifest.dim)
 
-    def held_ids(self) -> np.ndarray:
-        iterator = self._call("export", self.store.client.query_iterator, self.collection, batch_size=16_384,
-                              output_fields=["id"])
-        parts = []
+    def _export(self, fields: list[str], chunk: int = 16_384):
+        """The version's rows, ``fields`` of each, chunk by chunk (a query iterator: no offset limit)."""
+        iterator = self._call("export", self.store.client.query_iterator, self.collection, batch_size=min(chunk, 16_384),
+                              output_fields=fields)
         try:
             while rows := self._call("export", iterator.next):
-                parts.append(np.fromiter((r["id"] for r in rows), np.int64, len(rows)))
+                yield rows
         finally:
             iterator.close()
+
+    def held_ids(self) -> np.ndarray:
+        parts = [np.fromiter((r["id"] for r in rows), np.int64, len(rows)) for rows in self._export(["id"])]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
+    def iter_metadata(self, chunk: int = 16_384):
+        for rows in self._export(["id", "meta"], chunk):
+            yield np.array([r["id"] for r in rows], np.int64), [r["meta"] for r in rows]
+
     def iter_contents(self, chunk: int = 16_384):
-        iterator = self._call("export", self.store.client.query_iterator, self.collection, batch_size=min(chunk, 16_384),
-                              output_fields=["id", "vector", "meta"])
-        try:
-            while True:
-                rows = self._call("export", iterator.next)
-                if not rows:
-                    break
-                yield (np.array([r["id"] for r in rows], np.int64), np.asarray([r["vector"] for r in rows], np.float32),
-                       [r["meta"] for r in rows])
-        finally:
-            iterator.close()
+        for rows in self._export(["id", "vector", "meta"], chunk):
+            yield (np.array([r["id"] for r in rows], np.int64), np.asarray([r["vector"] for r in rows], np.float32),
+                   [r["meta"] for r in rows])

@@ -503,6 +503,10 @@ class Snapshot(SearchableSnapshot):
     def held_ids(self) -> np.ndarray:
         return self.ids
 
+    def iter_metadata(self, chunk: int = 65_536):
+        for begin in range(0, len(self.ids), chunk):
+            yield self.ids[begin:begin + chunk], list(self.metadata.rows(begin, begin + chunk))
+
     def iter_contents(self, chunk: int = 65_536):
         vectors = self.vectors()
         for begin in range(0, len(self.ids), chunk):

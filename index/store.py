@@ -166,9 +166,14 @@ class SearchableSnapshot(ABC):
         """(ids, vectors, metadata rows) of the whole version, chunk by chunk (updates and exports)."""
         raise NotImplementedError
 
+    def iter_metadata(self, chunk: int = 65_536):
+        """(ids, metadata rows) of the whole version, chunk by chunk, its vectors left unread where the backend can."""
+        for ids, _vectors, rows in self.iter_contents(chunk):
+            yield ids, rows
+
     def held_ids(self) -> np.ndarray:
         """Every image id of the version (its vectors and metadata left unread where the backend can)."""
-        parts = [ids for ids, _vectors, _rows in self.iter_contents()]
+        parts = [ids for ids, _rows in self.iter_metadata()]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def contents(self) -> tuple[np.ndarray, np.ndarray, list[dict]]:

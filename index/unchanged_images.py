@@ -275,7 +275,7 @@ def recorded_bytes_unchanged(base: SearchableSnapshot, root: Path, records: Sequ
     keys = [_key(real_root, r.path, r.member, r.offset) for r in records]  # once: the skipped files need them too
     now = {key: d for key, d in zip(keys, digests, strict=True) if d is not None}
     held = set()
-    for _ids, _vectors, rows in base.iter_contents():
+    for _ids, rows in base.iter_metadata():
         for row in rows:
             recorded = row.get(DIGEST_FIELD)
             key = _key(base_root, str(row.get("path") or ""), row.get("member"), row.get("offset"))

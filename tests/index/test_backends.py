@@ -296,6 +296,23 @@ def test_a_graph_search_that_answers_short_is_asked_again(backend, tmp_path, req
     assert recall >= 0.95, recall
 
 
+def test_a_version_reads_back_whole_with_or_without_its_vectors(backend, tmp_path, request):
+    """contents (ids, vectors, rows), iter_metadata (ids, rows: what a checksum build compares) and
+    held_ids (ids alone: which files a kept version could not decode) give the same rows."""
+    vectors, ids, rows = synthetic()
+    snap = flat_snapshot(backend, tmp_path, request, vectors, ids, rows)
+    got_ids, got_vectors, got_rows = snap.contents()
+    at = {int(i): n for n, i in enumerate(ids.tolist())}
+    order = [at[int(i)] for i in got_ids]
+    assert sorted(order) == list(range(len(ids))) and np.allclose(got_vectors, vectors[order], atol=1e-6)
+    assert [r["id"] for r in got_rows] == got_ids.tolist() and got_rows[0] == snap.metadata_of([got_ids[0]])[int(got_ids[0])]
+    parts = list(snap.iter_metadata(chunk=1000))
+    assert len(parts) == 3 and all(len(i) == len(r) for i, r in parts)
+    assert np.concatenate([i for i, _ in parts]).tolist() == got_ids.tolist()
+    assert [row for _, r in parts for row in r] == got_rows
+    assert sorted(snap.held_ids().tolist()) == sorted(ids.tolist())
+
+
 def test_malformed_filters_name_the_part(backend, tmp_path, request):
     vectors, ids, rows = synthetic(n=200)
     store = make_store(backend, tmp_path, request)
