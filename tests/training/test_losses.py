@@ -107,5 +107,5 @@ def test_cosent_loss_hand_computed_and_zero_only_for_the_gold_order():
     assert float(cosent_loss(a, b, torch.tensor([2.0, 2.0, 2.0]))) == pytest.approx(0.0)  # ties rank nothing
     tuned = b.clone().requires_grad_()
     cosent_loss(a, tuned, gold.flip(0)).backward()  # the gradient step lifts the low-cosine, high-score pair
-    stepped = F.normalize(tuned - 0.01 * tuned.grad, dim=-1)
+    stepped = F.normalize(tuned.detach() - 0.01 * tuned.grad, dim=-1)
     assert float((a[2] * stepped[2]).sum()) > float(cos[2])
