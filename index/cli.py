@@ -142,8 +142,10 @@ def publish_with_hub_table(store: SnapshotStore, version: str, bank: CaptionBank
 def print_plan(plan: dict) -> None:
     """``plan_build``'s answer, as ``index build --dry-run`` says it."""
     if plan["unchanged"]:
+        n = plan["undecodable"]
+        undecodable = f"; {n} file{'s' if n != 1 else ''} it could not decode stay{'' if n != 1 else 's'} skipped" if n else ""
         console.print(f"dry run: nothing changed since {plan['current']} was built: it would stay current "
-                      f"({plan['reuse']} images)", soft_wrap=True, highlight=False)
+                      f"({plan['reuse']} images{undecodable})", soft_wrap=True, highlight=False)
     else:
         moved = f" ({plan['moved']} of them found by their bytes)" if plan["moved"] else ""
         reused = f"{plan['reuse']} vectors would be reused from {plan['current']}{moved}, " if plan["current"] else ""

@@ -65,6 +65,8 @@ def test_index_build_says_which_files_stay_skipped_when_nothing_changed(home, sh
     args = ["index", "build", str(photos), "--out", str(tmp_path / "snap")]
     first = runner.invoke(app, args)
     assert first.exit_code == 0 and "published" in first.output and "skipped broken.jpg: " in first.output, first.output
+    plan = runner.invoke(app, [*args, "--dry-run"])
+    assert plan.exit_code == 0 and "stay current (3 images; 1 file it could not decode stays skipped)" in plan.output, plan.output
     same = runner.invoke(app, args)  # the broken file is still there: still named, though nothing is decoded again
     assert same.exit_code == 0 and "it stays current" in same.output, same.output
     assert "skipped broken.jpg: could not be decoded when v0001-" in same.output, same.output

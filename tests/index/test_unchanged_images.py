@@ -193,7 +193,8 @@ def test_a_rebuild_with_nothing_changed_keeps_the_current_version(backend, photo
     assert len(first.manifest.source[INPUTS_FIELD]) == 32
     counted_encodes.clear()
     assert plan_build(photos, starter_encoder, store) == {"images_total": 6, "refused": 0, "current": first.manifest.version,
-                                                          "unchanged": True, "reuse": 6, "moved": 0, "encode": 0}
+                                                          "unchanged": True, "reuse": 6, "moved": 0, "encode": 0,
+                                                          "undecodable": 0}
     same = build_snapshot(photos, starter_encoder, store, progress=False)
     assert same.report["unchanged"] and same.report["images_total"] == 6 and same.report["encoded"] == 0
     assert same.manifest == first.manifest and same.location == first.location and counted_encodes == []
@@ -409,6 +410,7 @@ def test_a_checksum_build_finds_a_photo_that_could_not_be_decoded_replaced_under
     counted_encodes.clear()
     same = build_snapshot(photos, starter_encoder, store, progress=False, checksum=True)
     assert same.report["unchanged"] and counted_encodes == []  # the skipped file kept its bytes too
+    assert plan_build(photos, starter_encoder, store, checksum=True)["undecodable"] == 1
     for kept in (same, build_snapshot(photos, starter_encoder, store, progress=False)):  # by bytes, by stamps
         assert [s["path"] for s in kept.report["skipped"]] == ["broken.jpg"] and kept.skipped == kept.report["skipped"]
         assert first.manifest.version in kept.skipped[0]["error"]  # the file is still there, and still not indexed
