@@ -88,6 +88,16 @@ def is_lite(uri: str) -> bool:
     return not re.match(r"^[a-z][a-z0-9+.-]*://", uri)
 
 
+def stop_lite(uri: str) -> None:
+    """Stop the in-process Milvus Lite server of this database file now. It otherwise stops at exit and
+    writes its collections back then, recreating a folder that was removed meanwhile (a temporary one)."""
+    if not is_lite(uri):
+        return
+    from milvus_lite.server_manager import server_manager_instance
+
+    server_manager_instance.release_server(uri)
+
+
 def redact(uri: str) -> str:
     """The URI without credentials, for messages."""
     if is_lite(uri):

@@ -35,7 +35,7 @@ import numpy as np
 from paraseek.core.rank_metrics import overlap_recall
 from paraseek.index.faiss_index import IndexSpec, exact_search, set_threads
 from paraseek.index.filters import SearchFilter
-from paraseek.index.milvus_store import MilvusStore
+from paraseek.index.milvus_store import MilvusStore, stop_lite
 from paraseek.index.snapshot import FaissStore
 from paraseek.index.store import SnapshotStore
 from paraseek.index.versions import BundleRef, SnapshotError, VersionDraft
@@ -133,12 +133,13 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
     print(header, flush=True)
     results: dict[tuple[str, str], dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
+        lite = str(Path(tmp) / "milvus.db")
         for kind in args.kinds:
             for backend in ("milvus",) if kind in MILVUS_ONLY else ("faiss", "milvus"):
                 if backend == "faiss":
                     store: SnapshotStore = FaissStore(Path(tmp) / f"faiss-{kind}")
                 else:
-                    store = MilvusStore(args.milvus_uri or str(Path(tmp) / "milvus.db"), prefix=f"bench_{kind}",
+                    store = MilvusStore(args.milvus_uri or lite, prefix=f"bench_{kind}",
                                         timeout_s=args.timeout, index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
                 try:
                     r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
                         + " ".join(f"{r[n + '_ms']:9.2f} {r[n + '_recall']:9.3f}" for n in SELECTIVITY)
                         + f" {r['short']:5d} {r['poll_ms']:8.2f} {r['manifest_ms']:8.2f}")
                 print(line, flush=True)
+        stop_lite(lite)  # before its folder goes
     print("\nMilvus / FAISS, same index kind (time ratios: > 1 means Milvus is slower; QPS ratio: < 1 means Milvus is slower)")
     print(f"{'index':9} {'build':>7} {'b1 p50':>7} {'b64 QPS':>8} " + " ".join(f"{'f' + n:>7}" for n in SELECTIVITY)
           + f" {'poll':>7} {'mfst':>7}")

@@ -22,6 +22,7 @@ import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -200,9 +201,13 @@ def backend(request) -> str:
 
 
 @pytest.fixture(scope="session")
-def milvus_lite_uri(tmp_path_factory) -> str:
+def milvus_lite_uri(tmp_path_factory) -> Iterator[str]:
     """One Milvus Lite database (in this process) for the session; each test takes its own collection prefix."""
-    return str(tmp_path_factory.mktemp("milvus") / "paraseek.db")
+    from paraseek.index.milvus_store import stop_lite
+
+    uri = str(tmp_path_factory.mktemp("milvus") / "paraseek.db")
+    yield uri
+    stop_lite(uri)  # now, not at exit: after its folder is removed (a passing run's) it would write it back
 
 
 def fresh_prefix() -> str:

@@ -708,3 +708,31 @@ def test_a_staging_folder_is_never_taken_over(tmp_path):
     with pytest.raises(FileExistsError):
         staging_dir(root, first)
     assert clean_stale_staging(root) == [] and stage.is_dir()  # its owner (this process) is alive
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_milvus_lite_folder_removed_after_stop_lite_stays_removed(tmp_path, stopped):
+    """Milvus Lite's in-process server writes its collections back when the process exits: a temporary
+    folder removed before that comes back, unless ``stop_lite`` stopped the server first."""
+    folder = tmp_path / "lite"
+    script = textwrap.dedent(f"""
+        import shutil
+        import numpy as np
+        from paraseek.index.faiss_index import IndexSpec
+        from paraseek.index.milvus_store import MilvusStore, stop_lite
+        from paraseek.index.versions import BundleRef, VersionDraft
+
+        uri = {str(folder / "m.db")!r}
+        store = MilvusStore(uri, prefix="t")
+        vectors = np.eye(8, dtype=np.float32)
+        draft = VersionDraft(store.begin_version(), vectors, np.arange(8), [{{"id": i}} for i in range(8)], {{}}, {{}})
+        store.write_version(draft, BundleRef(name="b", version="1", image_space="s"), IndexSpec(type="flat"),
+                            queries=vectors[:2], query_source="a sample")
+        store.close()
+        if {stopped}:
+            stop_lite(uri)
+        shutil.rmtree({str(folder)!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert folder.exists() is not stopped  # written back at exit by a server left running
