@@ -355,18 +355,25 @@ def build_snapshot(
 
 def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str | Path | SnapshotStore, *,
                spec: IndexSpec | None = None, image_root: str | Path | None = None,
-               target_recall: float | None = None, reuse: bool = True, checksum: bool = False) -> dict:
+               target_recall: float | None = None, reuse: bool = True, checksum: bool = False,
+               on_progress: BuildProgress | None = None) -> dict:
     """What ``build_snapshot`` with these arguments would do, with nothing encoded or written: whether
     the current version would stay (``unchanged``), else how many photos would keep the current
     version's vectors (``reuse``; ``moved`` of them found by their bytes) and how many would be encoded
     (``encode``: new and changed files, those that fail to decode included); a version that stays names
-    how many files its build could not decode, still there unchanged (``undecodable``)."""
+    how many files its build could not decode, still there unchanged (``undecodable``). ``on_progress``:
+    its phases (hashing, reusing) as ``build_snapshot`` reports them."""
+    report_phase = on_progress or (lambda phase, done, total: None)
     src, store, _, _, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root, target_recall)
-    digests = source_digests(src) if reuse and checksum else None
-    plan: dict = {"images_total": len(src.records), "refused": len(src.rejected), "current": store.current_version()}
+    total = len(src.records)
+    digests = (source_digests(src, on_progress=lambda done, _: report_phase("hashing", done, total))
+               if reuse and checksum else None)
+    plan: dict = {"images_total": total, "refused": len(src.rejected), "current": store.current_version()}
     if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
         return {**plan, "unchanged": True, "reuse": same.manifest.count, "moved": 0, "encode": 0,
                 "undecodable": len(same.skipped) - len(src.rejected)}
+    if reuse:
+        report_phase("reusing", 0, total)
     reused, _ = (unchanged_in_current(store, encoder, src, stamps, digests) if reuse
                  else (Reused.none(encoder.dim), None))
     return {**plan, "unchanged": False, "reuse": len(reused.positions), "moved": reused.moved,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from paraseek.core.memory import release_free_memory
 from paraseek.index.backends import store_from_settings
-from paraseek.index.builder import build_snapshot
+from paraseek.index.builder import build_snapshot, plan_build
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.service.engine import SearchEngine
@@ -119,10 +119,18 @@ class JobManager:
             store = engine.store or store_from_settings(settings)
             self._update(job_id, progress=JobProgress(phase="listing"))
             source = open_source(req.source, req.images, within=within)
+
+            def on_progress(phase: str, done: int, total: int) -> None:
+                self._update(job_id, progress=JobProgress(phase=phase, done=done, total=total))
+
+            if req.dry_run:  # the plan is the report: nothing encoded, written or swapped
+                plan = plan_build(source, encoder, store, spec=spec, reuse=req.reuse, checksum=req.checksum,
+                                  on_progress=on_progress)
+                self._update(job_id, state="succeeded", finished_at=_now(), report={"dry_run": True, **plan})
+                log.info("reindex %s: dry run: %s", job_id, plan)
+                return
             result = build_snapshot(
-                source, encoder, store, spec=spec, progress=False,
-                on_progress=lambda phase, done, total: self._update(
-                    job_id, progress=JobProgress(phase=phase, done=done, total=total)),
+                source, encoder, store, spec=spec, progress=False, on_progress=on_progress,
                 activate=False, reuse=req.reuse, checksum=req.checksum,
             )
             if result.report.get("unchanged") and current is not None and current.snapshot.version == result.manifest.version:

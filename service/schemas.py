@@ -336,6 +336,8 @@ class ReindexRequest(StrictModel):
     checksum: bool = Field(False, description="with reuse: compare photos by their bytes instead of size and "
                            "modification time (every photo is read and hashed first), so a file replaced by another of "
                            "the same size and time is encoded again")
+    dry_run: bool = Field(False, description="only say what this reindex would do, with nothing encoded, written or "
+                          "swapped: the job's report is the plan (unchanged, or how many photos it would reuse and encode)")
 
     @field_validator("checksum")
     @classmethod

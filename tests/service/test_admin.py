@@ -73,6 +73,12 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         first = reindex()
         assert first["report"]["encoded"] == 3 and first["report"]["reused"] == 0  # the demo's photos are other files
         shutil.copy(photos[3], root / "added.jpg")
+        plan = reindex(dry_run=True)  # what the next one would do, with nothing encoded, written or swapped
+        assert plan["report"] == {"dry_run": True, "images_total": 4, "refused": 0, "current": first["snapshot_version"],
+                                  "unchanged": False, "reuse": 3, "moved": 0, "encode": 1}
+        assert plan["snapshot_version"] is None and plan["progress"]["phase"] == "reusing"
+        assert len(list((snapshot_copy / "versions").iterdir())) == versions_before + 1
+        assert c.get("/v1/info").json()["snapshot"]["version"] == first["snapshot_version"]
         second = reindex()
         assert second["report"]["reused"] == 3 and second["report"]["encoded"] == 1
         assert second["report"]["reused_from"] == first["snapshot_version"] and second["progress"]["done"] == 4
@@ -82,12 +88,15 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         assert same["report"]["encoded"] == 0 and len(list((snapshot_copy / "versions").iterdir())) == versions_before + 2
         by_bytes = reindex(checksum=True)  # every photo hashed: the bytes the version recorded, so it stays too
         assert by_bytes["report"]["unchanged"] and by_bytes["snapshot_version"] == second["snapshot_version"]
+        kept = reindex(checksum=True, dry_run=True)
+        assert kept["report"]["unchanged"] and kept["report"]["current"] == second["snapshot_version"]
+        assert kept["progress"] == {"phase": "hashing", "done": 4, "total": 4}
         third = reindex(reuse=False)
         assert third["report"]["reused"] == 0 and third["report"]["encoded"] == 4
         # operators see the work reindexes did (the dashboard's "Reindexed images" panel)
         images = {s.labels["how"]: s.value for f in text_string_to_metric_families(c.get("/metrics").text)
                   for s in f.samples if s.name == "paraseek_reindex_images_total"}
-        assert images == {"encoded": 3 + 1 + 4, "reused": 3}
+        assert images == {"encoded": 3 + 1 + 4, "reused": 3}  # dry runs encode and reuse nothing
         assert c.post("/v1/admin/reindex", json={"source": str(root), "reuse": "sometimes"},
                       headers=AUTH).status_code == 422
         bad = c.post("/v1/admin/reindex", json={"source": str(root), "checksum": "maybe"}, headers=AUTH)
