@@ -11,7 +11,7 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,6 +32,16 @@ def _now() -> str:
 
 
 INTERRUPTED = "interrupted: the service stopped before the job finished"
+CANCELLED = "cancelled by an admin request"
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+class JobCancelled(Exception):
+    """An admin asked to cancel the job: raised in the job's thread where it next reports progress."""
+
+
+class JobFinished(Exception):
+    """The job to cancel has already finished."""
 
 
 class JobManager:
@@ -43,6 +53,8 @@ class JobManager:
         self.max_jobs = max_jobs
         self.store = store
         self._written_at: dict[str, float] = {}
+        self._futures: dict[str, Future] = {}  # queued or running jobs
+        self._cancel_asked: set[str] = set()
         if store is not None:
             self._load()
 
@@ -96,17 +108,46 @@ class JobManager:
         job = Job(id=uuid.uuid4().hex, kind="reindex", state="queued", created_at=_now())
         with self._lock:
             if len(self.jobs) >= self.max_jobs:  # forget the oldest finished jobs
-                for old in [j.id for j in self.jobs.values() if j.state in ("succeeded", "failed")][: len(self.jobs) // 2]:
+                for old in [j.id for j in self.jobs.values() if j.state in FINISHED][: len(self.jobs) // 2]:
                     self._forget(old)
             self.jobs[job.id] = job
             self._write(job)
-        self._executor.submit(self._reindex, job.id, req, within)
+            self._futures[job.id] = self._executor.submit(self._reindex, job.id, req, within)
         return job
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Cancel a queued or running job; -> its record (None: no such job; ``JobFinished``: it has ended).
+        A queued job never starts. A running one stops where it next reports progress (each photo hashed
+        or encoded, each phase begun), its unfinished version removed, the served one untouched; a build
+        already past its last report (indexing) ends as written, unpublished and unserved."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                return None
+            if job.state in FINISHED:
+                raise JobFinished(f"job {job_id} has already {job.state}")
+            self._cancel_asked.add(job_id)
+            future = self._futures.get(job_id)
+        if future is not None and future.cancel():  # still queued
+            self._finish(job_id)
+            self.engine.metrics.reindex.labels("cancelled").inc()
+            self._update(job_id, state="cancelled", finished_at=_now(), error=CANCELLED)
+        return self.jobs[job_id]
+
+    def _check_cancel(self, job_id: str) -> None:
+        if job_id in self._cancel_asked:
+            raise JobCancelled(CANCELLED)
+
+    def _finish(self, job_id: str) -> None:
+        with self._lock:
+            self._futures.pop(job_id, None)
+            self._cancel_asked.discard(job_id)
 
     def _reindex(self, job_id: str, req: ReindexRequest, within: list[Path] | None = None) -> None:
         engine = self.engine
         self._update(job_id, state="running")
         try:
+            self._check_cancel(job_id)  # asked between its start and this line
             settings = engine.settings
             current = engine.active
             if req.bundle:
@@ -121,6 +162,7 @@ class JobManager:
             source = open_source(req.source, req.images, within=within)
 
             def on_progress(phase: str, done: int, total: int) -> None:
+                self._check_cancel(job_id)  # the build removes its unfinished version
                 self._update(job_id, progress=JobProgress(phase=phase, done=done, total=total))
 
             if req.dry_run:  # the plan is the report: nothing encoded, written or swapped
@@ -133,6 +175,7 @@ class JobManager:
                 source, encoder, store, spec=spec, progress=False, on_progress=on_progress,
                 activate=False, reuse=req.reuse, checksum=req.checksum,
             )
+            self._check_cancel(job_id)  # built, not served: it stays written, unpublished
             if result.report.get("unchanged") and current is not None and current.snapshot.version == result.manifest.version:
                 engine.metrics.reindex.labels("succeeded").inc()  # nothing changed: the served version stays
                 self._update(job_id, state="succeeded", finished_at=_now(), report=result.report,
@@ -162,11 +205,18 @@ class JobManager:
             self._update(job_id, state="succeeded", finished_at=_now(), report=report,
                          snapshot_version=result.manifest.version)
             log.info("reindex %s: now serving snapshot %s", job_id, result.manifest.version)
+        except JobCancelled:
+            engine.metrics.reindex.labels("cancelled").inc()
+            self._update(job_id, state="cancelled", finished_at=_now(), error=CANCELLED)
+            log.info("reindex %s cancelled, still serving the previous snapshot", job_id)
+            release_free_memory()
         except BaseException as exc:  # the old snapshot keeps serving; the job says why
             engine.metrics.reindex.labels("failed").inc()
             self._update(job_id, state="failed", finished_at=_now(), error=f"{type(exc).__name__}: {exc}")
             log.warning("reindex %s failed, still serving the previous snapshot: %s", job_id, exc)
             release_free_memory()  # the failed build's buffers (a success released them in engine.swap)
+        finally:
+            self._finish(job_id)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -62,7 +62,7 @@ class ServiceMetrics:
         for cache in ("embedding", "result"):
             for result in ("hit", "miss"):
                 self.cache.labels(cache, result)
-        for result in ("succeeded", "failed"):
+        for result in ("succeeded", "failed", "cancelled"):
             self.reindex.labels(result)
         for how in ("encoded", "reused"):
             self.reindex_images.labels(how)

@@ -404,7 +404,7 @@ class JobProgress(BaseModel):
 class Job(BaseModel):
     id: str
     kind: str
-    state: Literal["queued", "running", "succeeded", "failed"]
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     created_at: str
     finished_at: str | None = None
     progress: JobProgress | None = Field(None, description="null until the job starts")

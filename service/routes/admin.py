@@ -11,7 +11,7 @@ from paraseek.index.image_sources import resolve_within, source_paths
 from paraseek.service.deps import get_engine, get_jobs, get_settings, require_admin
 from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError, StaleSwap
-from paraseek.service.jobs import JobManager
+from paraseek.service.jobs import JobFinished, JobManager
 from paraseek.service.runtime import Active, first_answer_for, load_encoder
 from paraseek.service.schemas import (
     ActivateRequest,
@@ -78,6 +78,19 @@ async def reindex(req: ReindexRequest, jobs: JobManager = Depends(get_jobs), set
 @router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(401, 403, 404))
 async def job(job_id: str, jobs: JobManager = Depends(get_jobs)):
     found = jobs.get(job_id)
+    if found is None:
+        raise HTTPException(404, f"no job {job_id}")
+    return found
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=Job, status_code=202, responses=error_responses(401, 403, 404, 409))
+async def cancel_job(job_id: str, jobs: JobManager = Depends(get_jobs)):
+    """Cancel a queued or running reindex: a queued one never starts; a running one stops at its next
+    photo or phase, its unfinished version removed, and the served version stays. 409 once it has ended."""
+    try:
+        found = jobs.cancel(job_id)
+    except JobFinished as exc:
+        raise HTTPException(409, str(exc)) from exc
     if found is None:
         raise HTTPException(404, f"no job {job_id}")
     return found

@@ -2,6 +2,7 @@
 (rollback)."""
 
 import shutil
+import threading
 import time
 
 import pytest
@@ -18,7 +19,7 @@ def wait_job(c, job_id, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
         job = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH).json()
-        if job["state"] in ("succeeded", "failed"):
+        if job["state"] in ("succeeded", "failed", "cancelled"):
             return job
         time.sleep(0.2)
     raise AssertionError("job did not finish")
@@ -38,6 +39,7 @@ def test_admin_requires_the_token(client, headers, status):
     assert client.post("/v1/admin/reload", json={"bundle": "x"}, headers=headers).status_code == status
     assert client.post("/v1/admin/activate", json={"previous": True}, headers=headers).status_code == status
     assert client.get("/v1/admin/versions", headers=headers).status_code == status
+    assert client.post("/v1/admin/jobs/abc/cancel", headers=headers).status_code == status
 
 
 def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data):
@@ -104,6 +106,49 @@ def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_set
         both = c.post("/v1/admin/reindex", json={"source": str(root), "reuse": False, "checksum": True}, headers=AUTH)
         assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "checksum"]
         assert "goes with reuse true" in both.json()["detail"][0]["msg"]
+
+
+def test_a_cancelled_reindex_leaves_the_served_version_and_no_new_one(make_settings, snapshot_copy, shared_data,
+                                                                     tmp_path, monkeypatch):
+    from paraseek.core.encoder import Encoder
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for p in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
+        shutil.copy(p, root / p.name)
+    encoding, go_on = threading.Event(), threading.Event()
+    encode_pixels = Encoder.encode_pixels
+
+    def held(self, pixels):  # the build waits here, mid-encoding, until the test has asked to cancel it
+        encoding.set()
+        assert go_on.wait(60)
+        return encode_pixels(self, pixels)
+
+    monkeypatch.setattr(Encoder, "encode_pixels", held)
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        served = c.get("/v1/info").json()["snapshot"]["version"]
+        versions = sorted(p.name for p in (snapshot_copy / "versions").iterdir())
+        running = c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()
+        assert encoding.wait(60)
+        queued = c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()  # one build at a time
+        r = c.post(f"/v1/admin/jobs/{queued['id']}/cancel", headers=AUTH)
+        assert r.status_code == 202 and r.json()["state"] == "cancelled"  # never starts
+        r = c.post(f"/v1/admin/jobs/{running['id']}/cancel", headers=AUTH)
+        assert r.status_code == 202 and r.json()["state"] == "running"  # stops at its next photo or phase
+        go_on.set()
+        job = wait_job(c, running["id"])
+        assert job["state"] == "cancelled" and job["error"] == "cancelled by an admin request" and job["finished_at"]
+        assert job["snapshot_version"] is None and job["progress"]["phase"] == "encoding"
+        assert c.get("/v1/info").json()["snapshot"]["version"] == served
+        assert sorted(p.name for p in (snapshot_copy / "versions").iterdir()) == versions  # nothing half-written left
+        again = c.post(f"/v1/admin/jobs/{running['id']}/cancel", headers=AUTH)
+        assert again.status_code == 409 and "already cancelled" in again.text
+        assert c.post("/v1/admin/jobs/nosuchjob/cancel", headers=AUTH).status_code == 404
+        results = {s.labels["result"]: s.value for f in text_string_to_metric_families(c.get("/metrics").text)
+                   for s in f.samples if s.name == "paraseek_reindex_total"}
+        assert results == {"succeeded": 0, "failed": 0, "cancelled": 2}
+        after = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()["id"])
+        assert after["state"] == "succeeded" and c.get("/v1/info").json()["snapshot"]["version"] == after["snapshot_version"]
 
 
 def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
