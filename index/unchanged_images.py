@@ -81,15 +81,18 @@ def source_digests(src: ImageSource, workers: int = 4, progress: bool = False, c
     total)`` after each chunk."""
     records = src.records
     digests: list[str | None] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool, \
-            tqdm(total=len(records), desc="hashing", unit="img", disable=not progress) as bar:
-        parts = pool.map(lambda start: [record_digest(src.root, r) for r in records[start:start + chunk]],
-                         range(0, len(records), chunk))
-        for part in parts:
-            digests.extend(part)
-            bar.update(len(part))
-            if on_progress:
-                on_progress(len(digests), len(records))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        with tqdm(total=len(records), desc="hashing", unit="img", disable=not progress) as bar:
+            parts = pool.map(lambda start: [record_digest(src.root, r) for r in records[start:start + chunk]],
+                             range(0, len(records), chunk))
+            for part in parts:
+                digests.extend(part)
+                bar.update(len(part))
+                if on_progress:
+                    on_progress(len(digests), len(records))
+    finally:  # stopped midway (a cancelled job, ^C): the chunks not begun are dropped, not hashed first
+        pool.shutdown(cancel_futures=True)
     return digests
 
 

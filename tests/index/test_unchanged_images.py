@@ -49,6 +49,29 @@ def test_file_digest_is_the_digest_of_the_bytes_read(tmp_path):
     assert file_digest(tmp_path / "missing.jpg") is None and file_digest(tmp_path) is None  # a folder cannot be read
 
 
+def test_source_digests_stopped_midway_hash_no_further_chunks(tmp_path, monkeypatch):
+    from paraseek.index import unchanged_images
+    from paraseek.index.image_sources import open_source
+
+    for i in range(40):
+        (tmp_path / f"{i:03d}.jpg").write_bytes(bytes([i]))
+    src = open_source(tmp_path)
+    assert unchanged_images.source_digests(src, workers=1, chunk=1) == [content_digest(bytes([i])) for i in range(40)]
+    hashed = []
+    real = unchanged_images.record_digest
+    monkeypatch.setattr(unchanged_images, "record_digest", lambda root, r: hashed.append(r.path) or real(root, r))
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, total):
+        raise Stop  # a cancelled job's progress report
+
+    with pytest.raises(Stop):
+        unchanged_images.source_digests(src, workers=1, chunk=1, on_progress=stop)
+    assert 1 <= len(hashed) <= 3  # the first chunk, and at most the ones already begun: not all 40 first
+
+
 def test_inputs_digest_changes_with_anything_a_build_reads():
     records = [ImageRecord(1, "a.jpg", captions=["a dog"]), ImageRecord(2, "b.jpg", license={"name": "cc-by"})]
     stamps = [[10, 1_000], [20, 2_000]]
