@@ -14,6 +14,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Collection
 
 from paraseek.core.memory import release_free_memory
 from paraseek.index.backends import store_from_settings
@@ -89,6 +90,12 @@ class JobManager:
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
+
+    def listed(self, states: Collection[str] | None = None) -> list[Job]:
+        """The jobs it remembers (``max_jobs``), newest first; with ``states``, those in one of them."""
+        with self._lock:
+            jobs = list(self.jobs.values())
+        return sorted((j for j in jobs if states is None or j.state in states), key=lambda j: j.created_at, reverse=True)
 
     def _update(self, job_id: str, **changes) -> None:
         with self._lock:

@@ -401,10 +401,19 @@ class JobProgress(BaseModel):
     total: int | None = Field(None, description="null while the source is listed")
 
 
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobsQuery(StrictModel):
+    """``GET /v1/admin/jobs``'s query: unknown parameters are refused, as unknown body fields are."""
+
+    state: list[JobState] | None = Field(None, description="only jobs in these states (repeat it: ?state=a&state=b)")
+
+
 class Job(BaseModel):
     id: str
     kind: str
-    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    state: JobState
     created_at: str
     finished_at: str | None = None
     progress: JobProgress | None = Field(None, description="null until the job starts")

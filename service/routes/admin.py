@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Query
 
 from paraseek.core.bundle import BundleError
 from paraseek.core.settings import Settings
@@ -17,6 +18,7 @@ from paraseek.service.schemas import (
     ActivateRequest,
     ActivateResponse,
     Job,
+    JobsQuery,
     PublishedVersion,
     ReindexRequest,
     ReloadRequest,
@@ -73,6 +75,12 @@ async def reindex(req: ReindexRequest, jobs: JobManager = Depends(get_jobs), set
     if req.bundle:
         checked["bundle"] = str(check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine)))
     return jobs.submit_reindex(req.model_copy(update=checked), within=sources)
+
+
+@router.get("/jobs", response_model=list[Job], responses=error_responses(401, 403, 422))
+async def jobs_list(query: Annotated[JobsQuery, Query()], jobs: JobManager = Depends(get_jobs)):
+    """The reindex jobs this service remembers, newest first (the job to follow or cancel, and what ran)."""
+    return jobs.listed(query.state)
 
 
 @router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(401, 403, 404))

@@ -40,6 +40,7 @@ def test_admin_requires_the_token(client, headers, status):
     assert client.post("/v1/admin/activate", json={"previous": True}, headers=headers).status_code == status
     assert client.get("/v1/admin/versions", headers=headers).status_code == status
     assert client.post("/v1/admin/jobs/abc/cancel", headers=headers).status_code == status
+    assert client.get("/v1/admin/jobs", headers=headers).status_code == status
 
 
 def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data):
@@ -149,6 +150,13 @@ def test_a_cancelled_reindex_leaves_the_served_version_and_no_new_one(make_setti
         assert results == {"succeeded": 0, "failed": 0, "cancelled": 2}
         after = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()["id"])
         assert after["state"] == "succeeded" and c.get("/v1/info").json()["snapshot"]["version"] == after["snapshot_version"]
+        listed = c.get("/v1/admin/jobs", headers=AUTH).json()  # newest first
+        assert [j["id"] for j in listed] == [after["id"], queued["id"], running["id"]] and listed[0] == after
+        assert [j["id"] for j in c.get("/v1/admin/jobs?state=cancelled", headers=AUTH).json()] == [queued["id"], running["id"]]
+        both = c.get("/v1/admin/jobs?state=succeeded&state=running", headers=AUTH).json()
+        assert [j["id"] for j in both] == [after["id"]]
+        bad = c.get("/v1/admin/jobs?state=paused", headers=AUTH)
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["query", "state"]
 
 
 def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
