@@ -303,12 +303,11 @@ def build_snapshot(
 
     ``on_progress(phase, done, total)`` reports each phase as it goes (``BuildProgress``)."""
     began = time.perf_counter()
-    report_phase = on_progress or (lambda phase, done, total: None)
+    report_phase = on_progress or _no_progress
     src, store, spec, target_recall, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root,
                                                                    target_recall)
     total = len(src.records)
-    digests = (source_digests(src, progress=progress, on_progress=lambda done, _: report_phase("hashing", done, total))
-               if reuse and checksum else None)
+    digests = _checksum_digests(src, report_phase, progress) if reuse and checksum else None
     store.clean_stale()
     if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
         same.report.update(images_total=total, seconds=round(time.perf_counter() - began, 3))
@@ -363,11 +362,10 @@ def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str
     (``encode``: new and changed files, those that fail to decode included); a version that stays names
     how many files its build could not decode, still there unchanged (``undecodable``). ``on_progress``:
     its phases (hashing, reusing) as ``build_snapshot`` reports them."""
-    report_phase = on_progress or (lambda phase, done, total: None)
+    report_phase = on_progress or _no_progress
     src, store, _, _, stamps, inputs = _image_build(source, encoder, out_root, spec, image_root, target_recall)
     total = len(src.records)
-    digests = (source_digests(src, on_progress=lambda done, _: report_phase("hashing", done, total))
-               if reuse and checksum else None)
+    digests = _checksum_digests(src, report_phase) if reuse and checksum else None
     plan: dict = {"images_total": total, "refused": len(src.rejected), "current": store.current_version()}
     if reuse and (same := _current_built_from(store, encoder, inputs, src, digests)) is not None:
         return {**plan, "unchanged": True, "reuse": same.manifest.count, "moved": 0, "encode": 0,
@@ -378,6 +376,16 @@ def plan_build(source: str | Path | ImageSource, encoder: Encoder, out_root: str
                  else (Reused.none(encoder.dim), None))
     return {**plan, "unchanged": False, "reuse": len(reused.positions), "moved": reused.moved,
             "encode": len(src.records) - len(reused.positions)}
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    return None
+
+
+def _checksum_digests(src: ImageSource, report_phase: BuildProgress, progress: bool = False) -> list[str | None]:
+    """Every record's digest for a checksum build or plan, reported as the "hashing" phase."""
+    total = len(src.records)
+    return source_digests(src, progress=progress, on_progress=lambda done, _: report_phase("hashing", done, total))
 
 
 @collection_paused()

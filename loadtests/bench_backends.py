@@ -134,26 +134,28 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], dict]:
     results: dict[tuple[str, str], dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
         lite = str(Path(tmp) / "milvus.db")
-        for kind in args.kinds:
-            for backend in ("milvus",) if kind in MILVUS_ONLY else ("faiss", "milvus"):
-                if backend == "faiss":
-                    store: SnapshotStore = FaissStore(Path(tmp) / f"faiss-{kind}")
-                else:
-                    store = MilvusStore(args.milvus_uri or lite, prefix=f"bench_{kind}",
-                                        timeout_s=args.timeout, index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
-                try:
-                    r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
-                                                           args.calls, args.settle)
-                except SnapshotError as exc:
-                    print(f"{backend:8} {kind:9} not built: {exc}", flush=True)
-                    continue
-                finally:
-                    store.close()
-                line = (f"{backend:8} {kind:9} {r['build_s']:8.2f} {r['recall']:9.3f} {r['b1_ms']:9.2f} {r['b64_qps']:9.0f} "
-                        + " ".join(f"{r[n + '_ms']:9.2f} {r[n + '_recall']:9.3f}" for n in SELECTIVITY)
-                        + f" {r['short']:5d} {r['poll_ms']:8.2f} {r['manifest_ms']:8.2f}")
-                print(line, flush=True)
-        stop_lite(lite)  # before its folder goes
+        try:
+            for kind in args.kinds:
+                for backend in ("milvus",) if kind in MILVUS_ONLY else ("faiss", "milvus"):
+                    if backend == "faiss":
+                        store: SnapshotStore = FaissStore(Path(tmp) / f"faiss-{kind}")
+                    else:
+                        store = MilvusStore(args.milvus_uri or lite, prefix=f"bench_{kind}",
+                                            timeout_s=args.timeout, index_timeout_s=args.index_timeout, **MILVUS_ONLY.get(kind, {}))
+                    try:
+                        r = results[(backend, kind)] = measure(store, kind, vectors, ids, rows, queries, truth, filtered_truth,
+                                                               args.calls, args.settle)
+                    except SnapshotError as exc:
+                        print(f"{backend:8} {kind:9} not built: {exc}", flush=True)
+                        continue
+                    finally:
+                        store.close()
+                    line = (f"{backend:8} {kind:9} {r['build_s']:8.2f} {r['recall']:9.3f} {r['b1_ms']:9.2f} {r['b64_qps']:9.0f} "
+                            + " ".join(f"{r[n + '_ms']:9.2f} {r[n + '_recall']:9.3f}" for n in SELECTIVITY)
+                            + f" {r['short']:5d} {r['poll_ms']:8.2f} {r['manifest_ms']:8.2f}")
+                    print(line, flush=True)
+        finally:
+            stop_lite(lite)  # before its folder goes, whether or not every kind was measured
     print("\nMilvus / FAISS, same index kind (time ratios: > 1 means Milvus is slower; QPS ratio: < 1 means Milvus is slower)")
     print(f"{'index':9} {'build':>7} {'b1 p50':>7} {'b64 QPS':>8} " + " ".join(f"{'f' + n:>7}" for n in SELECTIVITY)
           + f" {'poll':>7} {'mfst':>7}")

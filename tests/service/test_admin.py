@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from paraseek.service.jobs import FINISHED
 from paraseek.service.main import create_app
 from tests.service.conftest import ADMIN_TOKEN
 
@@ -19,7 +20,7 @@ def wait_job(c, job_id, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
         job = c.get(f"/v1/admin/jobs/{job_id}", headers=AUTH).json()
-        if job["state"] in ("succeeded", "failed", "cancelled"):
+        if job["state"] in FINISHED:
             return job
         time.sleep(0.2)
     raise AssertionError("job did not finish")
