@@ -139,6 +139,19 @@ def publish_with_hub_table(store: SnapshotStore, version: str, bank: CaptionBank
     store.activate(version)
 
 
+def print_version_lines(rows: list[tuple[str, str, str, int, str, float | None, str | None]]) -> None:
+    """Published versions as a table, one line each: (mark, version, created_at, images, index type,
+    recall@10, parent); ``paraseek admin versions`` prints the same from the service's answer."""
+    width = max((len(row[1]) for row in rows), default=7)
+    marks = max((len(row[0]) for row in rows), default=1)
+    lines = [f"{'':<{marks}} {'version':<{width}}  {'created (UTC)':<19}  {'images':>10}  {'index':<8}  {'recall@10':>9}  parent"]
+    for mark, version, created_at, count, index_type, recall, parent in rows:
+        recall_text = "" if recall is None else f"{recall:.3f}"
+        lines.append(f"{mark:<{marks}} {version:<{width}}  {created_at[:19]:<19}  {count:>10}  {index_type:<8}  "
+                     f"{recall_text:>9}  {parent or ''}")
+    console.print("\n".join(lines), soft_wrap=True, highlight=False, markup=False)
+
+
 def print_plan(plan: dict) -> None:
     """``plan_build``'s answer, as ``index build --dry-run`` says it."""
     if plan["unchanged"]:
@@ -450,13 +463,8 @@ def versions_cmd(
         for m in manifests:
             console.print_json(json.dumps({**m.model_dump(mode="json"), "current": m.version == current}), indent=None)
         return
-    width = max(len(m.version) for m in manifests)
-    lines = [f"  {'version':<{width}}  {'created (UTC)':<19}  {'images':>10}  {'index':<8}  {'recall@10':>9}  parent"]
-    for m in manifests:
-        recall = "" if m.recall_at_10 is None else f"{m.recall_at_10:.3f}"
-        lines.append(f"{'*' if m.version == current else ' '} {m.version:<{width}}  {m.created_at[:19]:<19}  {m.count:>10}  "
-                     f"{m.index.type:<8}  {recall:>9}  {m.parent or ''}")
-    console.print("\n".join(lines), soft_wrap=True, highlight=False, markup=False)
+    print_version_lines([("*" if m.version == current else " ", m.version, m.created_at, m.count, m.index.type,
+                          m.recall_at_10, m.parent) for m in manifests])
     console.print(f"in {store.describe()}; * current", soft_wrap=True, highlight=False)
 
 

@@ -1,7 +1,8 @@
 """The ``paraseek`` command line: the top floor. It only assembles the commands each layer defines
-next to its own code (``paraseek.index.cli``, ``paraseek.evaluation.cli``, ``paraseek.training.cli``, ``paraseek.loadtests.cli``), plus
-``serve`` and ``demo``, which put the embedded default (``paraseek.training.embedded``) in front of the
-service and the index. Nothing here imports torch: commands that need it import it when they run.
+next to its own code (``paraseek.index.cli``, ``paraseek.evaluation.cli``, ``paraseek.training.cli``,
+``paraseek.loadtests.cli``, ``paraseek.service.cli``), plus ``serve`` and ``demo``, which put the
+embedded default (``paraseek.training.embedded``) in front of the service and the index. Nothing here
+imports torch: commands that need it import it when they run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from paraseek.index.cli import app as index_app
 from paraseek.index.cli import print_results
 from paraseek.index.snapshot import Snapshot
 from paraseek.loadtests.cli import app as bench_app
+from paraseek.service.cli import app as admin_app
 from paraseek.service.main import run as run_service
 from paraseek.training.cli import models_app, train_cmd
 from paraseek.training.embedded import ensure_embedded_default, with_embedded_defaults
@@ -29,6 +31,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(index_app, name="index")
 app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
+app.add_typer(admin_app, name="admin")
 app.command("train")(train_cmd)
 
 DEMO_QUERIES = ["a dog playing outside", "people riding bikes in a city street", "a plate of food on a table"]

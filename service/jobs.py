@@ -23,7 +23,7 @@ from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.service.engine import SearchEngine
 from paraseek.service.runtime import Active, first_answer_for, load_encoder, load_snapshot, validate_snapshot
-from paraseek.service.schemas import Job, JobProgress, ReindexRequest
+from paraseek.service.schemas import FINISHED, Job, JobProgress, ReindexRequest
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ def _now() -> str:
 
 INTERRUPTED = "interrupted: the service stopped before the job finished"
 CANCELLED = "cancelled by an admin request"
-FINISHED = ("succeeded", "failed", "cancelled")
 
 
 class JobCancelled(Exception):

@@ -402,6 +402,7 @@ class JobProgress(BaseModel):
 
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINISHED: tuple[JobState, ...] = ("succeeded", "failed", "cancelled")  # the states a job ends in
 
 
 class JobsQuery(StrictModel):

@@ -1,0 +1,280 @@
+"""``paraseek admin``: a running service's admin API from a shell (``AdminClient``): reindex and wait,
+follow, list and cancel jobs, list versions, roll back, reload a bundle. Paths are the server's, read
+by the server. Exit codes: 0 done, 1 a job that ended failed or cancelled, 2 a request the service
+refused (its message says which field), 69 a service that did not answer (retry later)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import List, Optional
+
+import typer
+
+from paraseek.core.cli_support import console, err, user_errors
+from paraseek.core.errors import UserError
+from paraseek.index.cli import index_spec, print_plan, print_version_lines
+from paraseek.service.admin_client import AdminClient
+
+app = typer.Typer(help="Drive a running service's admin API (PARASEEK_URL, PARASEEK_ADMIN_TOKEN): reindex, jobs, "
+                  "versions, rollback, reload.", no_args_is_help=True)
+
+EXIT_JOB_DID_NOT_SUCCEED = 1
+
+
+@app.callback()
+def connect(
+    ctx: typer.Context,
+    url: str = typer.Option("http://127.0.0.1:8000", envvar="PARASEEK_URL", help="The service's base URL."),
+    token: Optional[str] = typer.Option(None, envvar="PARASEEK_ADMIN_TOKEN", show_default=False,
+                                        help="The service's admin token (its PARASEEK_ADMIN_TOKEN)."),
+    timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for each answer."),
+):
+    ctx.obj = {"url": url.rstrip("/"), "token": token, "timeout": timeout}
+
+
+def client(ctx: typer.Context) -> AdminClient:
+    if not ctx.obj["token"]:
+        raise UserError("no admin token: give --token or set PARASEEK_ADMIN_TOKEN (the service's)")
+    return AdminClient(ctx.obj["url"], ctx.obj["token"], timeout=ctx.obj["timeout"])
+
+
+JSON_OPTION = typer.Option(False, "--json", help="Print the service's JSON answer as it is.")
+WAIT_HELP = "Follow the job until it ends (exit 1 unless it succeeded); Ctrl-C stops following, not the job."
+
+
+def print_json(value) -> None:
+    console.print_json(json.dumps(value), indent=None)
+
+
+def _progress_line(job: dict) -> str:
+    p = job.get("progress") or {}
+    counted = f" {p.get('done', 0)}/{p['total']}" if p.get("total") is not None else ""
+    return f"{job['state']}: {p.get('phase', 'queued')}{counted}"
+
+
+def follow(admin: AdminClient, job_id: str, poll_s: float, timeout_s: float | None) -> dict:
+    """Wait for the job, saying each phase it enters on stderr."""
+    said: list[str] = []
+
+    def on_update(job: dict) -> None:
+        phase = (job["state"], (job.get("progress") or {}).get("phase"))
+        if job["state"] not in ("queued", "running") or (said and said[-1] == repr(phase)):
+            return
+        said.append(repr(phase))
+        err.print(f"job {job_id} {_progress_line(job)}", highlight=False, soft_wrap=True)
+
+    try:
+        return admin.wait(job_id, poll_s=poll_s, timeout_s=timeout_s, on_update=on_update)
+    except TimeoutError as exc:
+        raise UserError(f"{exc}: `paraseek admin job {job_id} --wait` follows it again") from None
+    except KeyboardInterrupt:
+        err.print(f"stopped following; job {job_id} goes on (`paraseek admin cancel {job_id}` stops it)", highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(130) from None
+
+
+def _took(job: dict) -> str:
+    """From the request to the end, queueing included (the report's seconds count the encoding only)."""
+    if not job.get("finished_at"):
+        return ""
+    seconds = (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["created_at"])).total_seconds()
+    return f"in {seconds:.1f} s"
+
+
+def print_job(job: dict) -> None:
+    """A job as one line (and its skipped files on stderr); exits 1 when it ended failed or cancelled."""
+    report = job.get("report") or {}
+    state = job["state"]
+    if state == "succeeded" and report.get("dry_run"):
+        print_plan(report)
+    elif state == "succeeded" and report.get("unchanged"):
+        console.print(f"job {job['id']} succeeded: nothing changed since {job['snapshot_version']} was built; it stays "
+                      f"served ({report.get('images_total')} images)", soft_wrap=True, highlight=False)
+    elif state == "succeeded":
+        reused = f", {report['reused']} reused from {report['reused_from']}" if report.get("reused") else ""
+        console.print(f"job {job['id']} succeeded: serving {job['snapshot_version']}, {report.get('indexed')} images indexed "
+                      f"({report.get('encoded')} encoded{reused}) {_took(job)}", soft_wrap=True, highlight=False)
+    elif state in ("failed", "cancelled"):
+        err.print(f"job {job['id']} {state}: {job.get('error')}; the service still serves its previous version",
+                  soft_wrap=True, highlight=False)
+    else:
+        console.print(f"job {job['id']} {_progress_line(job)}", highlight=False, soft_wrap=True)
+    for item in report.get("skipped") or []:
+        err.print(f"skipped {item['path']}: {item['error']}", highlight=False, soft_wrap=True)
+    if state in ("failed", "cancelled"):
+        raise typer.Exit(EXIT_JOB_DID_NOT_SUCCEED)
+
+
+def show(job: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(job)
+        if job["state"] in ("failed", "cancelled"):
+            raise typer.Exit(EXIT_JOB_DID_NOT_SUCCEED)
+    else:
+        print_job(job)
+
+
+@app.command("reindex")
+@user_errors
+def reindex_cmd(
+    ctx: typer.Context,
+    source: str = typer.Argument(..., help="Image folder or COCO JSON on the server (under its PARASEEK_REINDEX_ROOT)."),
+    images: Optional[str] = typer.Option(None, help="Image folder of a COCO JSON, on the server."),
+    bundle: Optional[str] = typer.Option(None, help="Bundle folder on the server (default: the serving bundle)."),
+    index_type: str = typer.Option("auto", "--type", help="auto | flat | hnsw | ivf_flat | ivf_fp16 | ivf_pq (as `index build`)."),
+    params: Optional[str] = typer.Option(None, help='Index parameters as JSON, e.g. \'{"hnsw_m": 32}\'.'),
+    reuse: bool = typer.Option(True, "--reuse/--reencode", help="Keep the vectors of unchanged files (as `index build`)."),
+    checksum: bool = typer.Option(False, help="Compare photos by their bytes, not size and modification time."),
+    dry_run: bool = typer.Option(False, help="Only say what the reindex would do: nothing encoded, written or swapped."),
+    wait: bool = typer.Option(False, help=WAIT_HELP),
+    poll: float = typer.Option(1.0, min=0.05, help="With --wait: seconds between polls."),
+    wait_timeout: Optional[float] = typer.Option(None, min=0.0, help="With --wait: stop following after this many seconds."),
+    as_json: bool = JSON_OPTION,
+):
+    """Start a reindex on the server; the service swaps to the new version once it is built and validated."""
+    if checksum and not reuse:
+        raise UserError("--checksum compares photos for reuse: it goes without --reencode")
+    index_spec(index_type, params)  # refused here, before any request
+    index_params = json.loads(params) if params else {}
+    with client(ctx) as admin:
+        job = admin.reindex(source, images=images, bundle=bundle, index_type=index_type, index_params=index_params,
+                            reuse=reuse, checksum=checksum, dry_run=dry_run)
+        if not wait:
+            if as_json:
+                print_json(job)
+            else:
+                console.print(f"job {job['id']} {job['state']}: `paraseek admin job {job['id']} --wait` follows it",
+                              highlight=False, soft_wrap=True)
+            return
+        show(follow(admin, job["id"], poll, wait_timeout), as_json)
+
+
+@app.command("job")
+@user_errors
+def job_cmd(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., help="The job's id (`paraseek admin jobs` lists them)."),
+    wait: bool = typer.Option(False, help=WAIT_HELP),
+    poll: float = typer.Option(1.0, min=0.05, help="With --wait: seconds between polls."),
+    wait_timeout: Optional[float] = typer.Option(None, min=0.0, help="With --wait: stop following after this many seconds."),
+    as_json: bool = JSON_OPTION,
+):
+    """Where a job is, or how it ended."""
+    with client(ctx) as admin:
+        show(follow(admin, job_id, poll, wait_timeout) if wait else admin.job(job_id), as_json)
+
+
+@app.command("jobs")
+@user_errors
+def jobs_cmd(
+    ctx: typer.Context,
+    state: Optional[List[str]] = typer.Option(None, help="Only jobs in this state (repeatable): queued, running, "
+                                              "succeeded, failed, cancelled."),
+    as_json: bool = JSON_OPTION,
+):
+    """The reindex jobs the service remembers, newest first."""
+    with client(ctx) as admin:
+        jobs = admin.jobs(state or ())
+    if as_json:
+        print_json(jobs)
+        return
+    if not jobs:
+        console.print("no jobs" + (f" {' or '.join(state)}" if state else ""), highlight=False)
+        return
+    for job in jobs:
+        console.print(f"{job['id']}  {job['created_at'][:19]}  {job['state']:<9}  {_outcome(job)}", highlight=False,
+                      soft_wrap=True, markup=False)
+
+
+def _outcome(job: dict) -> str:
+    """What a job did, or where it is, in a few words."""
+    report = job.get("report") or {}
+    if job["state"] in ("queued", "running"):
+        return _progress_line(job).split(": ", 1)[1]
+    if job["state"] != "succeeded":
+        return job.get("error") or ""
+    if report.get("dry_run"):
+        return "dry run: " + ("nothing changed" if report.get("unchanged") else f"{report.get('encode')} images to encode")
+    if report.get("unchanged"):
+        return f"nothing changed: {job['snapshot_version']} stays"
+    return f"{job['snapshot_version']}: {report.get('indexed')} images ({report.get('encoded')} encoded)"
+
+
+@app.command("cancel")
+@user_errors
+def cancel_cmd(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., help="The job's id."),
+    wait: bool = typer.Option(False, help="Wait until a running job has stopped (it stops at its next photo or phase)."),
+    as_json: bool = JSON_OPTION,
+):
+    """Cancel a queued or running reindex: the served version stays, the unfinished one is removed."""
+    with client(ctx) as admin:
+        job = admin.cancel(job_id)
+        if wait and job["state"] not in ("cancelled", "failed", "succeeded"):
+            job = follow(admin, job_id, 0.5, None)
+    if as_json:
+        print_json(job)
+    elif job["state"] == "cancelled":
+        console.print(f"job {job_id} cancelled; the service still serves its previous version", highlight=False, soft_wrap=True)
+    elif job["state"] == "running":
+        console.print(f"job {job_id} stops at its next photo or phase (`paraseek admin job {job_id} --wait` follows it)",
+                      highlight=False, soft_wrap=True)
+    else:  # it ended on its own between the request and the stop
+        print_job(job)
+
+
+@app.command("versions")
+@user_errors
+def versions_cmd(ctx: typer.Context, as_json: bool = JSON_OPTION):
+    """The published versions, oldest first: * current, > the one this server serves."""
+    with client(ctx) as admin:
+        answer = admin.versions()
+    if as_json:
+        print_json(answer)
+        return
+    rows = answer["versions"]
+    marks = {v["version"]: ("*" if v["current"] else " ") + (">" if v["served"] else " ") for v in rows}
+    print_version_lines([(marks[v["version"]], v["version"], v["created_at"], v["count"], v["index"], v["recall_at_10"],
+                          v["parent"]) for v in rows])
+    console.print(f"{answer['backend']} index; * current, > served by {ctx.obj['url']}", highlight=False, soft_wrap=True)
+
+
+@app.command("activate")
+@user_errors
+def activate_cmd(
+    ctx: typer.Context,
+    version: Optional[str] = typer.Argument(None, help="The version to serve and make current (`paraseek admin versions`)."),
+    previous: bool = typer.Option(False, "--previous", help="Roll back: the current version's parent, else the one "
+                                  "published before it."),
+    as_json: bool = JSON_OPTION,
+):
+    """Serve a published version and make it current (a rollback with --previous)."""
+    if (version is None) == (not previous):
+        raise UserError("give a VERSION or --previous (one of the two)")
+    with client(ctx) as admin:
+        answer = admin.activate(version, previous=previous)
+    if as_json:
+        print_json(answer)
+    else:
+        console.print(f"serving {answer['version']} ({answer['count']} images), was {answer['was']}", highlight=False,
+                      soft_wrap=True)
+
+
+@app.command("reload")
+@user_errors
+def reload_cmd(
+    ctx: typer.Context,
+    bundle: str = typer.Argument(..., help="Bundle folder on the server, beside the serving one."),
+    precision: Optional[str] = typer.Option(None, help="auto | fp32 | fp16 | int8 (default: auto)."),
+    as_json: bool = JSON_OPTION,
+):
+    """Serve another bundle over the served version (its image space must match)."""
+    with client(ctx) as admin:
+        answer = admin.reload(bundle, precision)
+    if as_json:
+        print_json(answer)
+    else:
+        console.print(f"serving bundle {answer['bundle']} {answer['version']} ({answer['precision']})", highlight=False,
+                      soft_wrap=True)
