@@ -24,8 +24,11 @@ from paraseek.core.encoder import Encoder
 from paraseek.core.images import ImageDecodeError, decode_image
 from paraseek.core.memory import MemorySampler, collection_paused
 from paraseek.index.faiss_index import (
+    ADD_CHUNK_ROWS,
     AUTO_TARGET_RECALL,
     IndexSpec,
+    add_chunk_rows,
+    add_in_chunks,
     create_index,
 )
 from paraseek.index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
@@ -247,13 +250,14 @@ def as_store(out: str | Path | SnapshotStore) -> SnapshotStore:
 
 
 def _finish(store: SnapshotStore, draft: VersionDraft, encoder: Encoder, spec: IndexSpec, index=None,
-            activate: bool = True, target_recall: float | None = None) -> tuple[str, SnapshotManifest]:
+            activate: bool = True, target_recall: float | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> tuple[str, SnapshotManifest]:
     """Build the index (unless given), measure its recall on caption queries, write and publish the version."""
     if len(np.unique(draft.ids)) != len(draft.ids):
         raise BuildError("duplicate image ids in the source (two images with the same id or path)")
     queries, source = _recall_queries(encoder, draft.metadata, draft.vectors)
     return store.write_version(draft, bundle_ref(encoder), spec, queries=queries, query_source=source, index=index,
-                               target_recall=target_recall, activate=activate)
+                               target_recall=target_recall, activate=activate, on_progress=on_progress)
 
 
 def default_target_recall(spec: IndexSpec | None, target_recall: float | None) -> float | None:
@@ -344,8 +348,8 @@ def build_snapshot(
         draft = VersionDraft(version, vectors, ids, _metadata(kept, sizes),
                              image_provenance(src, encoder, inputs, undecoded), report)
         report_phase("indexing", 0, len(kept))
-        where, manifest = _finish(store, draft, encoder, spec, activate=activate, target_recall=target_recall)
-        report_phase("indexing", len(kept), len(kept))
+        where, manifest = _finish(store, draft, encoder, spec, activate=activate, target_recall=target_recall,
+                                  on_progress=lambda done, total: report_phase("indexing", done, total))
     except BaseException:
         store.abort_version(version)  # nothing half-written stays behind; current untouched
         raise
@@ -643,7 +647,7 @@ def build_snapshot_from_vectors(
     spec: IndexSpec | None = None,
     normalize: bool = False,
     train_sample: int | None = None,
-    chunk: int = 65_536,
+    chunk: int = ADD_CHUNK_ROWS,
     progress: bool = True,
     activate: bool = True,
     target_recall: float | None = None,
@@ -705,11 +709,8 @@ def build_snapshot_from_vectors(
             size = train_sample or max(100_000, 20 * (spec.nlist or 1))
             sample = np.sort(rng.choice(count, size=min(size, count), replace=False))
             index.train(np.ascontiguousarray(vectors[sample]))
-        if spec.type == "ivf_pq":
-            # faiss encodes a PQ batch through n x M x 2^nbits distance tables: keep them near 64 MB
-            chunk = max(256, min(chunk, (64 << 20) // ((spec.pq_m or 1) * (1 << spec.pq_nbits) * 4)))
-        for begin in tqdm(range(0, count, chunk), desc="indexing", unit="chunk", disable=not progress):
-            index.add_with_ids(np.ascontiguousarray(vectors[begin:begin + chunk]), ids[begin:begin + chunk])
+        with tqdm(total=count, desc="indexing", unit="vector", disable=not progress) as bar:
+            add_in_chunks(index, vectors, ids, add_chunk_rows(spec, chunk), on_added=lambda done: bar.update(done - bar.n))
         seconds = time.perf_counter() - start
         queries, query_source = _vector_queries(queries, vectors, dim, rng)
         spec, recall, n_queries, tuning = measure_recall(index, spec, vectors, ids, queries, target_recall=target_recall,

@@ -11,7 +11,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from typing import Literal
+from typing import Callable, Literal
 
 import faiss
 import numpy as np
@@ -137,11 +137,34 @@ def create_index(spec: IndexSpec, dim: int) -> faiss.Index:
     return faiss.IndexIDMap2(base)
 
 
-def train_and_add(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+ADD_CHUNK_ROWS = 65_536
+
+
+def add_chunk_rows(spec: IndexSpec, chunk: int = ADD_CHUNK_ROWS) -> int:
+    """Rows per ``add_with_ids`` call: ``chunk``, fewer for ``ivf_pq``, whose encoding of a batch goes
+    through n x M x 2^nbits distance tables (kept near 64 MB)."""
+    if spec.type == "ivf_pq":
+        return max(256, min(chunk, (64 << 20) // ((spec.pq_m or 1) * (1 << spec.pq_nbits) * 4)))
+    return chunk
+
+
+def add_in_chunks(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, chunk: int = ADD_CHUNK_ROWS,
+                  on_added: Callable[[int], None] | None = None) -> None:
+    """Add the rows chunk by chunk (a memory-mapped collection is read a chunk at a time), calling
+    ``on_added(rows added so far)`` after each: where a build reports progress, and where a cancelled
+    one stops (the callback raises)."""
+    for begin in range(0, len(ids), chunk):
+        index.add_with_ids(np.ascontiguousarray(vectors[begin:begin + chunk], dtype=np.float32),
+                           np.ascontiguousarray(ids[begin:begin + chunk], dtype=np.int64))
+        if on_added is not None:
+            on_added(min(begin + chunk, len(ids)))
+
+
+def train_and_add(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, chunk: int = ADD_CHUNK_ROWS,
+                  on_added: Callable[[int], None] | None = None) -> faiss.Index:
     if not index.is_trained:
-        index.train(vectors)
-    index.add_with_ids(vectors, np.ascontiguousarray(ids, dtype=np.int64))
+        index.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    add_in_chunks(index, vectors, ids, chunk, on_added)
     return index
 
 

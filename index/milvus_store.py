@@ -401,8 +401,10 @@ class MilvusStore(SnapshotStore):
             if on_rows is not None:
                 on_rows(begin + len(rows))
 
-    def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
+    def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True,
+                      on_progress=None):
         count, dim = len(draft.ids), int(draft.vectors.shape[1])
+        indexed = on_progress or (lambda done, rows: None)
         if spec.type == "auto" and count > EXACT_LIMIT:
             # the lists live in the Milvus server's memory, not ours; ivf_fp16 has no Milvus counterpart
             spec = spec.model_copy(update={"type": "ivf_flat"})
@@ -414,9 +416,10 @@ class MilvusStore(SnapshotStore):
             if not self._query_until(self.manifests, f'version == "{draft.version}"', ["state"], bool):
                 self._put(draft.version, "building", json.dumps(build_owner()))  # not begun with begin_version
             self._create(name, dim)
-            self._insert(name, draft.ids, draft.vectors, metadata)
+            self._insert(name, draft.ids, draft.vectors, metadata, on_rows=lambda done: indexed(done, count))
             self.client.flush(name)
             self._index_and_load(name, kind, build, count)
+            indexed(count, count)
             written = self._count(name, count)
             if written != count:
                 raise SnapshotError(f"Milvus holds {written} of the {count} vectors written to {name}")
@@ -424,6 +427,7 @@ class MilvusStore(SnapshotStore):
                         "search_params": self.search_params or search}
             probe = MilvusSnapshot(self, draft.manifest(ref, spec, None, 0, None, backend="milvus", location=location))
             spec, recall, n_queries, tuning = self._measure_recall(probe, spec, draft, queries, query_source, target_recall)
+            indexed(count, count)
             if tuning is not None:  # the tuned setting is what the version serves with
                 location["search_params"] = native_index(spec)[2]
             manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="milvus", location=location)

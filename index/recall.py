@@ -4,6 +4,8 @@ stores measure every published version with these."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import faiss
 import numpy as np
 
@@ -11,6 +13,7 @@ from paraseek.core.rank_metrics import overlap_recall
 from paraseek.index.faiss_index import (
     ExactVectors,
     IndexSpec,
+    add_chunk_rows,
     apply_search_params,
     create_index,
     exact_search,
@@ -33,9 +36,11 @@ def split_recall_queries(count: int) -> tuple[np.ndarray, np.ndarray]:
     return order[:count // 2], order[count // 2:]
 
 
-def build_faiss_index(spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray) -> tuple[IndexSpec, faiss.Index]:
+def build_faiss_index(spec: IndexSpec, vectors: np.ndarray, ids: np.ndarray,
+                      on_added: Callable[[int], None] | None = None) -> tuple[IndexSpec, faiss.Index]:
+    """The index ``spec`` resolves to, trained and filled; ``on_added(rows)`` after each chunk added."""
     spec = spec.resolved(len(ids), vectors.shape[1])
-    return spec, train_and_add(create_index(spec, vectors.shape[1]), vectors, ids)
+    return spec, train_and_add(create_index(spec, vectors.shape[1]), vectors, ids, add_chunk_rows(spec), on_added)
 
 
 def measure_recall(index, spec: IndexSpec, vectors, ids, queries, k: int = 10, target_recall: float | None = None,

@@ -575,15 +575,20 @@ class FaissStore(SnapshotStore):
     def abort_version(self, version: str) -> None:
         shutil.rmtree(self.root / VERSIONS / f"{STAGING_PREFIX}{version}", ignore_errors=True)
 
-    def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True):
+    def write_version(self, draft, ref, spec, *, queries, query_source, index=None, target_recall=None, activate=True,
+                      on_progress=None):
         stage = self.staging(draft.version)
         if not stage.is_dir():  # not begun with begin_version
             stage = staging_dir(self.root, draft.version)
+        total = len(draft.ids)
+        indexed = on_progress or (lambda done, rows: None)
         try:
             if index is None:
-                spec, index = build_faiss_index(spec, draft.vectors, draft.ids)
+                spec, index = build_faiss_index(spec, draft.vectors, draft.ids, on_added=lambda done: indexed(done, total))
+            indexed(total, total)
             spec, recall, n_queries, tuning = measure_recall(index, spec, draft.vectors, draft.ids, queries,
                                                              target_recall=target_recall, query_source=query_source)
+            indexed(total, total)
             write_snapshot_files(stage, index, draft.ids, draft.vectors, draft.metadata, draft.report)
             manifest = draft.manifest(ref, spec, recall, n_queries, tuning, backend="faiss")
             final, manifest = publish(self.root, stage, manifest, activate=activate)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -231,10 +231,15 @@ class SnapshotStore(ABC):
     @abstractmethod
     def write_version(self, draft: VersionDraft, ref: BundleRef, spec: IndexSpec, *, queries: np.ndarray,
                       query_source: str, index: Any = None, target_recall: float | None = None,
-                      activate: bool = True) -> tuple[str, SnapshotManifest]:
+                      activate: bool = True, on_progress: Callable[[int, int], None] | None = None,
+                      ) -> tuple[str, SnapshotManifest]:
         """Index a draft's vectors, measure recall against exact search, publish the version (and with
         ``activate`` make it current). -> (where the version lives, its manifest). Nothing of a failed
-        write stays visible."""
+        write stays visible.
+
+        ``on_progress(rows indexed, rows)`` after each chunk added, and again with every row indexed
+        before the recall is measured and before the version is published: an exception it raises (a
+        cancelled job) fails the write there, so a cancel lands within a chunk or a step."""
 
     @abstractmethod
     def location(self, version: str) -> str:

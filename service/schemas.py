@@ -392,8 +392,8 @@ class VersionsResponse(BaseModel):
 
 class JobProgress(BaseModel):
     """Where a running reindex is: "listing" the source, "hashing" its photos (checksum), "reusing" the
-    vectors of unchanged photos, "encoding" the others (reused ones count as done), "indexing" (building,
-    measuring and writing the version)."""
+    vectors of unchanged photos, "encoding" the others (reused ones count as done), "indexing" (rows
+    added to the index chunk by chunk, then measuring and writing the version at done = total)."""
 
     # records written before phases were reported counted encoded images only
     phase: Literal["listing", "hashing", "reusing", "encoding", "indexing"] = "encoding"

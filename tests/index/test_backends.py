@@ -374,6 +374,47 @@ def test_publication_is_atomic_and_a_failed_build_leaves_nothing(backend, tmp_pa
     assert snap.search_ids(vectors[:1], 1)[1][0, 0] == ids[0]
 
 
+class Stopped(Exception):
+    """What a cancelled job's progress callback raises."""
+
+
+def test_a_write_reports_the_rows_indexed_and_stops_where_its_callback_raises(backend, tmp_path, request, monkeypatch):
+    """``on_progress`` sees each chunk added (FAISS) or inserted (Milvus), then the whole count before the
+    recall is measured and before the version is published; an exception it raises (a cancel) fails the
+    write there and leaves nothing: no version, no staging folder or collection, current untouched."""
+    from paraseek.index import milvus_store, recall
+
+    monkeypatch.setattr(recall, "add_chunk_rows", lambda spec: 1000)
+    monkeypatch.setattr(milvus_store, "INSERT_ROWS", 1000)
+    store = make_store(backend, tmp_path, request)
+    vectors, ids, rows = synthetic(n=3000)
+    _, first = publish(store, vectors[:100], ids[:100], rows[:100], IndexSpec(type="flat"))
+    seen: list[tuple[int, int]] = []
+    draft = VersionDraft(store.new_version_name(), vectors, ids, rows, {"kind": "synthetic"}, {})
+    _, second = store.write_version(draft, REF, IndexSpec(type="ivf_flat", nlist=8), queries=vectors[:50],
+                                    query_source="a sample", on_progress=lambda done, total: seen.append((done, total)))
+    assert seen[:3] == [(1000, 3000), (2000, 3000), (3000, 3000)] and set(seen[3:]) == {(3000, 3000)} and len(seen) >= 5
+    store.activate(first.version)
+    collections = set(store.client.list_collections()) if backend != "faiss" else set()
+
+    def stop_at(where):
+        def on_progress(done, total):
+            if (done, total) == where:
+                raise Stopped(f"stopped at {where}")
+        return on_progress
+
+    for where in [(2000, 3000), (3000, 3000)]:  # midway through the rows; once all are in
+        draft = VersionDraft(store.new_version_name(), vectors, ids, rows, {"kind": "synthetic"}, {})
+        with pytest.raises(Stopped):
+            store.write_version(draft, REF, IndexSpec(type="flat"), queries=vectors[:50], query_source="a sample",
+                                on_progress=stop_at(where))
+        assert store.current_version() == first.version and store.versions() == [first.version, second.version]
+        if backend == "faiss":
+            assert not list((tmp_path / "snap" / "versions").glob(".tmp-*"))
+        else:
+            assert set(store.client.list_collections()) == collections
+
+
 KILLED_BUILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {root!r})

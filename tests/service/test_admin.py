@@ -160,6 +160,41 @@ def test_a_cancelled_reindex_leaves_the_served_version_and_no_new_one(make_setti
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["query", "state"]
 
 
+def test_a_reindex_cancelled_while_indexing_publishes_nothing(make_settings, snapshot_copy, shared_data, tmp_path,
+                                                             monkeypatch):
+    """A cancel reaches into the indexing phase: the build stops after the chunk being added, its version
+    never written, and the job says how far it had indexed."""
+    from paraseek.index import recall, snapshot
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for p in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
+        shutil.copy(p, root / p.name)
+    indexing, go_on = threading.Event(), threading.Event()
+    build = recall.build_faiss_index
+
+    def held(spec, vectors, ids, on_added=None):
+        def after_a_chunk(done):
+            indexing.set()
+            assert go_on.wait(60)
+            on_added(done)
+        return build(spec, vectors, ids, on_added=after_a_chunk)
+
+    monkeypatch.setattr(recall, "add_chunk_rows", lambda spec: 1)
+    monkeypatch.setattr(snapshot, "build_faiss_index", held)
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        served = c.get("/v1/info").json()["snapshot"]["version"]
+        versions = sorted(p.name for p in (snapshot_copy / "versions").iterdir())
+        job = c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()
+        assert indexing.wait(60)
+        assert c.post(f"/v1/admin/jobs/{job['id']}/cancel", headers=AUTH).json()["state"] == "running"
+        go_on.set()
+        job = wait_job(c, job["id"])
+        assert job["state"] == "cancelled" and job["progress"] == {"phase": "indexing", "done": 0, "total": 3}
+        assert c.get("/v1/info").json()["snapshot"]["version"] == served
+        assert sorted(p.name for p in (snapshot_copy / "versions").iterdir()) == versions
+
+
 def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings, snapshot_copy, shared_data, starter_bank):
     """With a default hub_weight, a reindex computes the new version's hub table before the swap: the version
     serves lists by table lookup from its first request, and the table is on disk for the other replicas."""
