@@ -370,6 +370,9 @@ class MilvusStandalone:
                 time.sleep(0.2)
         self.proc.wait(10)
         self.proc = None
+        for pid in pids:  # the server records its id in a runtime folder no flag moves, and leaves it
+            for runtime in ("/run/milvus", "/tmp/milvus"):
+                Path(runtime, f"server_id_{pid}").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
