@@ -26,6 +26,15 @@ def wait_job(c, job_id, timeout=120):
     raise AssertionError("job did not finish")
 
 
+def three_photos(shared_data, tmp_path):
+    """A folder of three COCO photos to reindex: a job quick enough to hold, cancel and finish."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for p in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
+        shutil.copy(p, root / p.name)
+    return root
+
+
 def test_admin_disabled_without_token(make_settings):
     with TestClient(create_app(make_settings(admin_token=None))) as c:
         r = c.post("/v1/admin/reindex", json={"source": "x"}, headers=AUTH)
@@ -114,10 +123,7 @@ def test_a_cancelled_reindex_leaves_the_served_version_and_no_new_one(make_setti
                                                                      tmp_path, monkeypatch):
     from paraseek.core.encoder import Encoder
 
-    root = tmp_path / "root"
-    root.mkdir()
-    for p in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
-        shutil.copy(p, root / p.name)
+    root = three_photos(shared_data, tmp_path)
     encoding, go_on = threading.Event(), threading.Event()
     encode_pixels = Encoder.encode_pixels
 
@@ -166,10 +172,7 @@ def test_a_reindex_cancelled_while_indexing_publishes_nothing(make_settings, sna
     never written, and the job says how far it had indexed."""
     from paraseek.index import recall, snapshot
 
-    root = tmp_path / "root"
-    root.mkdir()
-    for p in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
-        shutil.copy(p, root / p.name)
+    root = three_photos(shared_data, tmp_path)
     indexing, go_on = threading.Event(), threading.Event()
     build = recall.build_faiss_index
 
@@ -439,10 +442,7 @@ def test_a_running_reindex_says_its_phase_and_writes_each_phase_at_once(make_set
 
     from paraseek.service import jobs as jobs_module
 
-    root = tmp_path / "root"
-    root.mkdir()
-    for photo in sorted((shared_data / "coco-mini" / "val2017").glob("*.jpg"))[:3]:
-        shutil.copy(photo, root / photo.name)
+    root = three_photos(shared_data, tmp_path)
     encoding, release = threading.Event(), threading.Event()
     seen: list[str] = []
     real_build = jobs_module.build_snapshot
