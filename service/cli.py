@@ -27,7 +27,8 @@ def connect(
     ctx: typer.Context,
     url: str = typer.Option("http://127.0.0.1:8000", envvar="PARASEEK_URL", help="The service's base URL."),
     token: Optional[str] = typer.Option(None, envvar="PARASEEK_ADMIN_TOKEN", show_default=False,
-                                        help="The service's admin token (its PARASEEK_ADMIN_TOKEN)."),
+                                        help="The service's admin token (its PARASEEK_ADMIN_TOKEN; the variable keeps it out of "
+                                        "process listings, which show a flag)."),
     timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for each answer."),
 ):
     ctx.obj = {"url": url.rstrip("/"), "token": token, "timeout": timeout}
