@@ -4,6 +4,7 @@ Locust load runner."""
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -26,6 +27,7 @@ from paraseek.loadtests import (  # bench_encoder imports torch only when run
     bench_vectors,
 )
 from paraseek.loadtests.load import run_load
+from paraseek.loadtests.load_report import results_line
 
 app = typer.Typer(help="Benchmarks (print side-by-side ratios measured in one run).", no_args_is_help=True)
 
@@ -98,8 +100,7 @@ def load_cmd(
     s = run_load(url, users=users, spawn_rate=spawn_rate, duration_s=duration, out=out, tags=tags or None,
                  max_failure_ratio=max_failure_ratio, slo_p99_ms=slo_p99_ms, slo_p50_ms=slo_p50_ms, queries=queries,
                  with_prometheus=with_prometheus, scrape_interval_s=scrape_interval)
-    console.print(f"{s.requests} requests, {s.failures} failures ({s.failure_ratio:.2%}), {s.rps:.1f} req/s; "
-                  f"p50 {s.p50_ms:.0f} ms, p95 {s.p95_ms:.0f} ms, p99 {s.p99_ms:.0f} ms")
+    console.print(results_line(asdict(s)))
     console.print(f"HTML report: {s.html_report}")
     if s.load_report:
         console.print(f"client and server series: {s.load_report}; Prometheus data: {s.prometheus_data}")

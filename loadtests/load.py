@@ -26,15 +26,23 @@ class LoadSummary:
     failures: int
     failure_ratio: float
     rps: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
+    p50_ms: float | None  # None when no request completed (Locust writes N/A)
+    p95_ms: float | None
+    p99_ms: float | None
     html_report: str
     csv_prefix: str
     violations: list[str]
     prometheus_data: str | None = None  # the run's Prometheus TSDB (with_prometheus)
     load_report: str | None = None  # load-report.html (with_prometheus)
     panels_without_data: list[str] = field(default_factory=list)  # dashboard queries that returned no series
+
+
+def _latency_ms(value: str) -> float | None:
+    """A percentile column of Locust's statistics: N/A when no request completed."""
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _aggregated(stats_csv: Path) -> dict:
@@ -104,15 +112,15 @@ def _run_locust(url: str, *, users: int, spawn_rate: float, duration_s: int, out
     agg = _aggregated(stats)
     requests, failures = int(agg["Request Count"]), int(agg["Failure Count"])
     ratio = failures / requests if requests else 1.0
-    p50, p95, p99 = float(agg["50%"]), float(agg["95%"]), float(agg["99%"])
+    p50, p95, p99 = (_latency_ms(agg[column]) for column in ("50%", "95%", "99%"))
     violations = []
-    if requests == 0:
-        violations.append("no request completed")
+    if requests == 0:  # and no latency to hold against an SLO
+        violations.append("no request completed" + (" (no latency to hold to the SLO)" if slo_p50_ms or slo_p99_ms else ""))
     if ratio > max_failure_ratio:
         violations.append(f"failure ratio {ratio:.4f} > {max_failure_ratio}")
-    if slo_p99_ms is not None and p99 > slo_p99_ms:
+    if slo_p99_ms is not None and p99 is not None and p99 > slo_p99_ms:
         violations.append(f"p99 {p99:.0f} ms > SLO {slo_p99_ms:.0f} ms")
-    if slo_p50_ms is not None and p50 > slo_p50_ms:
+    if slo_p50_ms is not None and p50 is not None and p50 > slo_p50_ms:
         violations.append(f"p50 {p50:.0f} ms > SLO {slo_p50_ms:.0f} ms")
     summary = LoadSummary(url=url, users=users, duration_s=duration_s, requests=requests, failures=failures,
                           failure_ratio=ratio, rps=float(agg["Requests/s"]), p50_ms=p50, p95_ms=p95, p99_ms=p99,

@@ -65,6 +65,15 @@ def _series_label(metric: dict, legend: str) -> str:
     return label if "{{" not in label else ", ".join(f"{k}={v}" for k, v in metric.items() if k != "__name__") or "value"
 
 
+def results_line(summary: dict) -> str:
+    """A run's numbers in one line (the CLI's output and the load report's)."""
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.0f} ms"
+
+    return (f"{summary['requests']} requests, {summary['failures']} failures ({summary['failure_ratio']:.2%}), "
+            f"{summary['rps']:.1f} req/s; p50 {ms(summary['p50_ms'])}, p95 {ms(summary['p95_ms'])}, p99 {ms(summary['p99_ms'])}")
+
+
 def write_report(out: Path, *, summary: dict, settings: dict, prometheus: Prometheus, start: float, end: float,
                  history_csv: Path, step_s: float = 1.0) -> Path:
     import matplotlib
@@ -118,9 +127,7 @@ def write_report(out: Path, *, summary: dict, settings: dict, prometheus: Promet
 
     verdict = "PASS" if not summary["violations"] else "FAIL"
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in settings.items())
-    results = (f"{summary['requests']} requests, {summary['failures']} failures ({summary['failure_ratio']:.2%}), "
-               f"{summary['rps']:.1f} req/s; p50 {summary['p50_ms']:.0f} ms, p95 {summary['p95_ms']:.0f} ms, "
-               f"p99 {summary['p99_ms']:.0f} ms")
+    results = results_line(summary)
     violations = "".join(f"<li>{html.escape(v)}</li>" for v in summary["violations"])
     images = "".join(f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}">'
                      f"<figcaption>{html.escape(title)}</figcaption></figure>" for title, png in figures)

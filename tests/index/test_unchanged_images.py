@@ -168,9 +168,12 @@ def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_
     third = build_snapshot(photos, starter_encoder, store, progress=False,
                            on_progress=lambda *step: progress.append(step))
     assert sum(counted_encodes) == 2 and third.report["reused"] == 4 and third.report["encoded"] == 2
-    # the reused photos count as done when encoding starts; the version is written last
-    assert progress == [("reusing", 0, 6), ("encoding", 4, 6), ("encoding", 5, 6), ("encoding", 6, 6),
-                        ("indexing", 0, 6), ("indexing", 6, 6)]
+    # the reused photos count as done when encoding starts; the version is indexed and written last (the
+    # store reports every row indexed again before measuring recall and before publishing: where a cancel lands)
+    steps = [step for i, step in enumerate(progress) if i == 0 or step != progress[i - 1]]
+    assert steps == [("reusing", 0, 6), ("encoding", 4, 6), ("encoding", 5, 6), ("encoding", 6, 6),
+                     ("indexing", 0, 6), ("indexing", 6, 6)]
+    assert progress.count(("indexing", 6, 6)) >= 3
     after = vectors_by_id(store)
     assert len(after) == 6
     # every vector is what encoding the folder from scratch gives: the reused ones and the new ones
