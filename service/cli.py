@@ -20,24 +20,17 @@ app = typer.Typer(help="Drive a running service's admin API (PARASEEK_URL, PARAS
                   "versions, rollback, reload.", no_args_is_help=True)
 
 EXIT_JOB_DID_NOT_SUCCEED = 1
+URL_OPTION = typer.Option("http://127.0.0.1:8000", "--url", envvar="PARASEEK_URL", help="The service's base URL.")
+TOKEN_OPTION = typer.Option(None, "--token", envvar="PARASEEK_ADMIN_TOKEN", show_default=False,
+                            help="The service's admin token (its PARASEEK_ADMIN_TOKEN; the variable keeps it out of "
+                            "process listings, which show a flag).")
+TIMEOUT_OPTION = typer.Option(30.0, "--timeout", min=0.1, help="Seconds to wait for each answer.")
 
 
-@app.callback()
-def connect(
-    ctx: typer.Context,
-    url: str = typer.Option("http://127.0.0.1:8000", envvar="PARASEEK_URL", help="The service's base URL."),
-    token: Optional[str] = typer.Option(None, envvar="PARASEEK_ADMIN_TOKEN", show_default=False,
-                                        help="The service's admin token (its PARASEEK_ADMIN_TOKEN; the variable keeps it out of "
-                                        "process listings, which show a flag)."),
-    timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for each answer."),
-):
-    ctx.obj = {"url": url.rstrip("/"), "token": token, "timeout": timeout}
-
-
-def client(ctx: typer.Context) -> AdminClient:
-    if not ctx.obj["token"]:
+def client(url: str, token: str | None, timeout: float) -> AdminClient:
+    if not token:
         raise UserError("no admin token: give --token or set PARASEEK_ADMIN_TOKEN (the service's)")
-    return AdminClient(ctx.obj["url"], ctx.obj["token"], timeout=ctx.obj["timeout"])
+    return AdminClient(url.rstrip("/"), token, timeout=timeout)
 
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the service's JSON answer as it is.")
@@ -119,7 +112,6 @@ def show(job: dict, as_json: bool) -> None:
 @app.command("reindex")
 @user_errors
 def reindex_cmd(
-    ctx: typer.Context,
     source: str = typer.Argument(..., help="Image folder or COCO JSON on the server (under its PARASEEK_REINDEX_ROOT)."),
     images: Optional[str] = typer.Option(None, help="Image folder of a COCO JSON, on the server."),
     bundle: Optional[str] = typer.Option(None, help="Bundle folder on the server (default: the serving bundle)."),
@@ -132,13 +124,16 @@ def reindex_cmd(
     poll: float = typer.Option(1.0, min=0.05, help="With --wait: seconds between polls."),
     wait_timeout: Optional[float] = typer.Option(None, min=0.0, help="With --wait: stop following after this many seconds."),
     as_json: bool = JSON_OPTION,
+    url: str = URL_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    timeout: float = TIMEOUT_OPTION,
 ):
     """Start a reindex on the server; the service swaps to the new version once it is built and validated."""
     if checksum and not reuse:
         raise UserError("--checksum compares photos for reuse: it goes without --reencode")
     index_spec(index_type, params)  # refused here, before any request
     index_params = json.loads(params) if params else {}
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         job = admin.reindex(source, images=images, bundle=bundle, index_type=index_type, index_params=index_params,
                             reuse=reuse, checksum=checksum, dry_run=dry_run)
         if not wait:
@@ -154,28 +149,32 @@ def reindex_cmd(
 @app.command("job")
 @user_errors
 def job_cmd(
-    ctx: typer.Context,
     job_id: str = typer.Argument(..., help="The job's id (`paraseek admin jobs` lists them)."),
     wait: bool = typer.Option(False, help=WAIT_HELP),
     poll: float = typer.Option(1.0, min=0.05, help="With --wait: seconds between polls."),
     wait_timeout: Optional[float] = typer.Option(None, min=0.0, help="With --wait: stop following after this many seconds."),
     as_json: bool = JSON_OPTION,
+    url: str = URL_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    timeout: float = TIMEOUT_OPTION,
 ):
     """Where a job is, or how it ended."""
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         show(follow(admin, job_id, poll, wait_timeout) if wait else admin.job(job_id), as_json)
 
 
 @app.command("jobs")
 @user_errors
 def jobs_cmd(
-    ctx: typer.Context,
     state: Optional[List[str]] = typer.Option(None, help="Only jobs in this state (repeatable): queued, running, "
                                               "succeeded, failed, cancelled."),
     as_json: bool = JSON_OPTION,
+    url: str = URL_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    timeout: float = TIMEOUT_OPTION,
 ):
     """The reindex jobs the service remembers, newest first."""
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         jobs = admin.jobs(state or ())
     if as_json:
         print_json(jobs)
@@ -205,13 +204,15 @@ def _outcome(job: dict) -> str:
 @app.command("cancel")
 @user_errors
 def cancel_cmd(
-    ctx: typer.Context,
     job_id: str = typer.Argument(..., help="The job's id."),
     wait: bool = typer.Option(False, help="Wait until a running job has stopped (it stops at its next photo or phase)."),
     as_json: bool = JSON_OPTION,
+    url: str = URL_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    timeout: float = TIMEOUT_OPTION,
 ):
     """Cancel a queued or running reindex: the served version stays, the unfinished one is removed."""
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         job = admin.cancel(job_id)
         if wait and job["state"] not in ("cancelled", "failed", "succeeded"):
             job = follow(admin, job_id, 0.5, None)
@@ -228,9 +229,10 @@ def cancel_cmd(
 
 @app.command("versions")
 @user_errors
-def versions_cmd(ctx: typer.Context, as_json: bool = JSON_OPTION):
+def versions_cmd(as_json: bool = JSON_OPTION, url: str = URL_OPTION, token: Optional[str] = TOKEN_OPTION,
+                 timeout: float = TIMEOUT_OPTION):
     """The published versions, oldest first: * current, > the one this server serves."""
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         answer = admin.versions()
     if as_json:
         print_json(answer)
@@ -239,22 +241,24 @@ def versions_cmd(ctx: typer.Context, as_json: bool = JSON_OPTION):
     marks = {v["version"]: ("*" if v["current"] else " ") + (">" if v["served"] else " ") for v in rows}
     print_version_lines([(marks[v["version"]], v["version"], v["created_at"], v["count"], v["index"], v["recall_at_10"],
                           v["parent"]) for v in rows])
-    console.print(f"{answer['backend']} index; * current, > served by {ctx.obj['url']}", highlight=False, soft_wrap=True)
+    console.print(f"{answer['backend']} index; * current, > served by {url}", highlight=False, soft_wrap=True)
 
 
 @app.command("activate")
 @user_errors
 def activate_cmd(
-    ctx: typer.Context,
     version: Optional[str] = typer.Argument(None, help="The version to serve and make current (`paraseek admin versions`)."),
     previous: bool = typer.Option(False, "--previous", help="Roll back: the current version's parent, else the one "
                                   "published before it."),
     as_json: bool = JSON_OPTION,
+    url: str = URL_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    timeout: float = TIMEOUT_OPTION,
 ):
     """Serve a published version and make it current (a rollback with --previous)."""
     if (version is None) == (not previous):
         raise UserError("give a VERSION or --previous (one of the two)")
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         answer = admin.activate(version, previous=previous)
     if as_json:
         print_json(answer)
@@ -266,13 +270,15 @@ def activate_cmd(
 @app.command("reload")
 @user_errors
 def reload_cmd(
-    ctx: typer.Context,
     bundle: str = typer.Argument(..., help="Bundle folder on the server, beside the serving one."),
     precision: Optional[str] = typer.Option(None, help="auto | fp32 | fp16 | int8 (default: auto)."),
     as_json: bool = JSON_OPTION,
+    url: str = URL_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    timeout: float = TIMEOUT_OPTION,
 ):
     """Serve another bundle over the served version (its image space must match)."""
-    with client(ctx) as admin:
+    with client(url, token, timeout) as admin:
         answer = admin.reload(bundle, precision)
     if as_json:
         print_json(answer)

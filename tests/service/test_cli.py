@@ -64,6 +64,8 @@ def test_refusals_and_outages_exit_as_documented(uvicorn_server, demo_snapshot, 
     assert no_token.exit_code == 2 and "no admin token" in no_token.stderr
     down = admin(f"http://127.0.0.1:{free_port()}", "jobs")
     assert down.exit_code == 69 and "did not answer" in down.stderr
+    flags = CliRunner().invoke(app, ["admin", "jobs", "--url", url, "--token", ADMIN_TOKEN, "--json"])  # or as flags of the command
+    assert flags.exit_code == 0 and json.loads(flags.stdout) == []
 
 
 def test_cancel_waits_until_a_running_reindex_has_stopped(make_settings, snapshot_copy, shared_data, monkeypatch):
