@@ -15,6 +15,7 @@ from paraseek.core.cli_support import console, err, user_errors
 from paraseek.core.errors import UserError
 from paraseek.index.cli import index_spec, print_plan, print_version_lines
 from paraseek.service.admin_client import AdminClient
+from paraseek.service.schemas import FINISHED
 
 app = typer.Typer(help="Drive a running service's admin API (PARASEEK_URL, PARASEEK_ADMIN_TOKEN): reindex, jobs, "
                   "versions, rollback, reload.", no_args_is_help=True)
@@ -34,28 +35,36 @@ def client(url: str, token: str | None, timeout: float) -> AdminClient:
 
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the service's JSON answer as it is.")
-WAIT_HELP = "Follow the job until it ends (exit 1 unless it succeeded); Ctrl-C stops following, not the job."
+WAIT_OPTION = typer.Option(False, "--wait/--no-wait", help="Follow the job until it ends (exit 1 unless it succeeded); Ctrl-C stops "
+                           "following, not the job.")
+POLL_OPTION = typer.Option(1.0, "--poll", min=0.05, help="With --wait: seconds between polls.")
+WAIT_TIMEOUT_OPTION = typer.Option(None, "--wait-timeout", min=0.0, help="With --wait: stop following after this many seconds.")
 
 
 def print_json(value) -> None:
     console.print_json(json.dumps(value), indent=None)
 
 
-def _progress_line(job: dict) -> str:
+def _where(job: dict) -> str:
+    """A queued or running job's phase and count, e.g. "encoding 40/159"."""
     p = job.get("progress") or {}
     counted = f" {p.get('done', 0)}/{p['total']}" if p.get("total") is not None else ""
-    return f"{job['state']}: {p.get('phase', 'queued')}{counted}"
+    return f"{p.get('phase', 'queued')}{counted}"
+
+
+def _progress_line(job: dict) -> str:
+    return f"{job['state']}: {_where(job)}"
 
 
 def follow(admin: AdminClient, job_id: str, poll_s: float, timeout_s: float | None) -> dict:
     """Wait for the job, saying each phase it enters on stderr."""
-    said: list[str] = []
+    last: list[tuple] = [()]  # the (state, phase) said last
 
     def on_update(job: dict) -> None:
         phase = (job["state"], (job.get("progress") or {}).get("phase"))
-        if job["state"] not in ("queued", "running") or (said and said[-1] == repr(phase)):
+        if job["state"] in FINISHED or phase == last[0]:
             return
-        said.append(repr(phase))
+        last[0] = phase
         err.print(f"job {job_id} {_progress_line(job)}", highlight=False, soft_wrap=True)
 
     try:
@@ -120,9 +129,9 @@ def reindex_cmd(
     reuse: bool = typer.Option(True, "--reuse/--reencode", help="Keep the vectors of unchanged files (as `index build`)."),
     checksum: bool = typer.Option(False, help="Compare photos by their bytes, not size and modification time."),
     dry_run: bool = typer.Option(False, help="Only say what the reindex would do: nothing encoded, written or swapped."),
-    wait: bool = typer.Option(False, help=WAIT_HELP),
-    poll: float = typer.Option(1.0, min=0.05, help="With --wait: seconds between polls."),
-    wait_timeout: Optional[float] = typer.Option(None, min=0.0, help="With --wait: stop following after this many seconds."),
+    wait: bool = WAIT_OPTION,
+    poll: float = POLL_OPTION,
+    wait_timeout: Optional[float] = WAIT_TIMEOUT_OPTION,
     as_json: bool = JSON_OPTION,
     url: str = URL_OPTION,
     token: Optional[str] = TOKEN_OPTION,
@@ -150,9 +159,9 @@ def reindex_cmd(
 @user_errors
 def job_cmd(
     job_id: str = typer.Argument(..., help="The job's id (`paraseek admin jobs` lists them)."),
-    wait: bool = typer.Option(False, help=WAIT_HELP),
-    poll: float = typer.Option(1.0, min=0.05, help="With --wait: seconds between polls."),
-    wait_timeout: Optional[float] = typer.Option(None, min=0.0, help="With --wait: stop following after this many seconds."),
+    wait: bool = WAIT_OPTION,
+    poll: float = POLL_OPTION,
+    wait_timeout: Optional[float] = WAIT_TIMEOUT_OPTION,
     as_json: bool = JSON_OPTION,
     url: str = URL_OPTION,
     token: Optional[str] = TOKEN_OPTION,
@@ -191,7 +200,7 @@ def _outcome(job: dict) -> str:
     """What a job did, or where it is, in a few words."""
     report = job.get("report") or {}
     if job["state"] in ("queued", "running"):
-        return _progress_line(job).split(": ", 1)[1]
+        return _where(job)
     if job["state"] != "succeeded":
         return job.get("error") or ""
     if report.get("dry_run"):
@@ -214,7 +223,7 @@ def cancel_cmd(
     """Cancel a queued or running reindex: the served version stays, the unfinished one is removed."""
     with client(url, token, timeout) as admin:
         job = admin.cancel(job_id)
-        if wait and job["state"] not in ("cancelled", "failed", "succeeded"):
+        if wait and job["state"] not in FINISHED:
             job = follow(admin, job_id, 0.5, None)
     if as_json:
         print_json(job)
