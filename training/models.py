@@ -152,6 +152,8 @@ class OpenClipText(TextTower):
             self.tower.token_embedding.weight.requires_grad_(False)
             self.tower.positional_embedding.requires_grad_(False)
         self._tokenizer = CachedClipTokenizer(open_clip.get_tokenizer(self.model_name))
+        # a bundle holding this model's frozen image tower (the run's base bundle): exports copy it from there
+        self.frozen_image_bundle: Path | None = None
 
     def tokenize(self, texts):
         # causal tower: running at the longest real length is exact
@@ -173,7 +175,8 @@ class OpenClipText(TextTower):
         size = size[0] if isinstance(size, (tuple, list)) else size
         return export_open_clip_model(self.model, out_dir, name=name, version=version, image_space=self.image_space,
                                       context_length=self.context_length, image_size=int(size),
-                                      mean=pp.get("mean"), std=pp.get("std"), source=source)
+                                      mean=pp.get("mean"), std=pp.get("std"), source=source,
+                                      image_from=self.frozen_image_bundle)
 
 
 class AlignmentHead(nn.Module):

@@ -68,6 +68,7 @@ def build_model(recipe: Recipe, run_dir: Path) -> tuple[TextTower, Encoder]:
         base = run_dir / "base-bundle"
         if not (base / "manifest.json").is_file():
             tower.export(base, name=f"{recipe.name}-base", version="0", source={"role": "frozen image tower"})
+        tower.frozen_image_bundle = base
         return tower, Encoder(base)
     assert m.image_bundle is not None  # the recipe schema requires it for these kinds
     image_bundle = _resolve_image_bundle(m.image_bundle)

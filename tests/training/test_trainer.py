@@ -1,6 +1,7 @@
 """`paraseek train` end to end on CPU at tiny sizes, through the same code as real runs."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,9 +41,14 @@ TINY_OPEN_CLIP = ["model.name=tiny-clip", f"model.config={TINY_CLIP_CONFIG}", "m
     ("alignment-minilm", ["model.layers=1"]),
     ("paraclip-vitb32", TINY_OPEN_CLIP),
 ])
-def test_every_recipe_runs_and_exports_a_bundle(name, extra, shared_data, starter_bundle, tmp_path):
+def test_every_recipe_runs_and_exports_a_bundle(name, extra, shared_data, starter_bundle, tmp_path, monkeypatch):
     from paraseek.core.encoder import Encoder
+    from paraseek.training.export import openclip
 
+    exported: list[str] = []
+    export_onnx = openclip.export_onnx
+    monkeypatch.setattr(openclip, "export_onnx", lambda module, inputs, path, *a, **k: (
+        exported.append(Path(path).relative_to(tmp_path / "run").as_posix()), export_onnx(module, inputs, path, *a, **k))[1])
     result = train(tiny(name, shared_data, starter_bundle, *extra), tmp_path / "run", progress=False)
     assert result.steps == 2 and np.isfinite(result.last_loss)
     enc = Encoder(result.bundle)
@@ -50,6 +56,14 @@ def test_every_recipe_runs_and_exports_a_bundle(name, extra, shared_data, starte
     base_space = Encoder(starter_bundle).image_space if "starter" in name or "alignment" in name else None
     if base_space:
         assert enc.image_space == base_space  # existing indexes stay valid
+    else:  # open_clip: the frozen image tower ships as the run's base bundle exported it, not exported again
+        from paraseek.core.bundle import read_manifest
+
+        trained, base = read_manifest(result.bundle), read_manifest(tmp_path / "run/base-bundle")
+        assert trained.image == base.image and trained.image_preprocess == base.image_preprocess
+        assert trained.files["image.onnx"] == base.files["image.onnx"]
+        assert trained.files["text.onnx"] != base.files["text.onnx"]
+        assert exported == ["base-bundle/text.onnx", "base-bundle/image.onnx", "bundle/text.onnx"]
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
 

@@ -25,10 +25,13 @@ def write_export_manifest(
     image_preprocess: ImagePreprocess | None = None,
     source: dict | None = None,
     optimize: bool = True,
+    image_tower: TowerSpec | None = None,
 ) -> BundleManifest:
     """``text.onnx`` + ``tokenizer.json`` (+ ``image.onnx`` when ``image_preprocess`` is given) in
     ``out_dir`` -> a verified ``manifest.json`` with their sha256s. ``optimize``: replace the towers
-    by their fused graphs where those agree with the exported ones and gain from it (``graph_optimize``)."""
+    by their fused graphs where those agree with the exported ones and gain from it (``graph_optimize``).
+    ``image_tower``: the entry of an ``image.onnx`` copied from another bundle, with its fusion record
+    (that tower is not optimised again)."""
     manifest = BundleManifest(
         name=name,
         version=version,
@@ -36,7 +39,7 @@ def write_export_manifest(
         max_tokens=max_tokens,
         image_space=image_space,
         text=TowerSpec(file=TEXT_FILE, input_names=text_inputs),
-        image=TowerSpec(file=IMAGE_FILE, input_names=["pixel_values"]) if image_preprocess else None,
+        image=(image_tower or TowerSpec(file=IMAGE_FILE, input_names=["pixel_values"])) if image_preprocess else None,
         image_preprocess=image_preprocess,
         tokenizer=TokenizerSpec(file=TOKENIZER_FILE, cleaning=cleaning, pad_id=0),
         source=source or {},
