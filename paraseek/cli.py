@@ -3,36 +3,82 @@ next to its own code (``paraseek.index.cli``, ``paraseek.evaluation.cli``, ``par
 ``paraseek.loadtests.cli``, ``paraseek.service.cli``), plus ``serve`` and ``demo``, which put the
 embedded default (``paraseek.training.embedded``) in front of the service and the index. Nothing here
 imports torch: commands that need it import it when they run.
+
+A layer's commands are imported when one of them runs (``LAYER_COMMANDS``): importing every layer
+(numpy, onnxruntime, faiss, fastapi, pydantic-settings) took 2.9 s on a 2-core machine before
+``paraseek --help`` printed anything, or ``paraseek admin jobs`` sent its one request.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-from typing import List, Optional
+from functools import cached_property
+from typing import Any, List, Optional
 
 import typer
+import typer.main
+from typer.core import TyperCommand, TyperGroup
 
 from paraseek.core.cli_support import user_errors
-from paraseek.core.encoder import Encoder
-from paraseek.core.settings import Settings
-from paraseek.evaluation.cli import app as eval_app
-from paraseek.index.cli import app as index_app
-from paraseek.index.cli import print_results
-from paraseek.index.snapshot import Snapshot
-from paraseek.loadtests.cli import app as bench_app
-from paraseek.service.cli import app as admin_app
-from paraseek.service.main import run as run_service
-from paraseek.training.cli import models_app, train_cmd
-from paraseek.training.embedded import ensure_embedded_default, with_embedded_defaults
 
-app = typer.Typer(help="paraseek: text-to-image search whose answers stay the same when a user rephrases the query.",
+# command -> ("module:attribute" of its Typer app or command function, its help line as the top-level
+# help lists it without importing the module; tests/test_cli.py checks each against the command's own)
+LAYER_COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("paraseek.training.cli:train_cmd",
+              "Train a text encoder from a recipe; resumes from the run directory's checkpoint; exports a bundle."),
+    "models": ("paraseek.training.cli:models_app", "Build, export, quantise and inspect model bundles."),
+    "index": ("paraseek.index.cli:app", "Build, update, inspect and search index snapshots."),
+    "eval": ("paraseek.evaluation.cli:app", "Evaluate bundles: paraphrase consistency, retrieval, STS, perturbations."),
+    "bench": ("paraseek.loadtests.cli:app", "Benchmarks (print side-by-side ratios measured in one run)."),
+    "admin": ("paraseek.service.cli:app", "Drive a running service's admin API (PARASEEK_URL, PARASEEK_ADMIN_TOKEN): "
+              "reindex, jobs, versions, rollback, reload."),
+}
+
+
+class LayerCommand(TyperCommand):
+    """A layer's command (a Typer app, or one command function) standing in the top-level group until it
+    runs: the group's help lists it by its help line, and running it imports its module."""
+
+    def __init__(self, name: str, target: str, help_line: str):
+        super().__init__(name, help=help_line)
+        self.command_name, self.target = name, target
+
+    @cached_property
+    def loaded(self) -> TyperCommand | TyperGroup:
+        module, attribute = self.target.split(":")
+        obj = getattr(importlib.import_module(module), attribute)
+        # registered in a group as the top level once registered it (add_typer, command), then taken out:
+        # converted alone, an app would be a program of its own, with shell-completion options
+        holder = typer.Typer(add_completion=False)
+        holder.callback()(lambda: None)
+        if isinstance(obj, typer.Typer):
+            holder.add_typer(obj, name=self.command_name)
+        else:
+            holder.command(self.command_name)(obj)
+        group = typer.main.get_command(holder)
+        assert isinstance(group, TyperGroup)
+        loaded = group.commands[self.command_name]
+        assert isinstance(loaded, (TyperCommand, TyperGroup))
+        return loaded
+
+    def make_context(self, info_name, args, parent=None, **extra):  # unannotated: typer types it with its own click
+        # the group runs the context's command: the loaded one, with its own parameters and help
+        return self.loaded.make_context(info_name, args, parent=parent, **extra)
+
+
+class LayeredGroup(TyperGroup):
+    """The top-level group: its own commands (serve, demo) and ``LAYER_COMMANDS``, imported when run."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        for name, (target, help_line) in LAYER_COMMANDS.items():
+            self.commands.setdefault(name, LayerCommand(name, target, help_line))
+
+
+app = typer.Typer(cls=LayeredGroup,
+                  help="paraseek: text-to-image search whose answers stay the same when a user rephrases the query.",
                   no_args_is_help=True, add_completion=False)
-app.add_typer(models_app, name="models")
-app.add_typer(index_app, name="index")
-app.add_typer(eval_app, name="eval")
-app.add_typer(bench_app, name="bench")
-app.add_typer(admin_app, name="admin")
-app.command("train")(train_cmd)
 
 DEMO_QUERIES = ["a dog playing outside", "people riding bikes in a city street", "a plate of food on a table"]
 
@@ -54,6 +100,10 @@ def serve_cmd(
     Without PARASEEK_BUNDLE/PARASEEK_SNAPSHOT it serves the embedded default (starter bundle + demo
     gallery), building them on first use.
     """
+    from paraseek.core.settings import Settings
+    from paraseek.service.main import run as run_service
+    from paraseek.training.embedded import ensure_embedded_default, with_embedded_defaults
+
     settings = Settings()
     if settings.embedded_default:
         ensure_embedded_default(settings)
@@ -72,6 +122,12 @@ def demo_cmd(
 
     Builds the starter bundle and the demo index on first use (about a minute), then answers.
     """
+    from paraseek.core.encoder import Encoder
+    from paraseek.core.settings import Settings
+    from paraseek.index.cli import print_results
+    from paraseek.index.snapshot import Snapshot
+    from paraseek.training.embedded import ensure_embedded_default
+
     bundle, snap_root = ensure_embedded_default(Settings(), rebuild, with_bank=False)
     enc = Encoder(bundle, threads=1)
     snap = Snapshot.load(snap_root, image_space=enc.image_space, threads=1)

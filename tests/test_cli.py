@@ -160,3 +160,29 @@ def test_an_unreachable_milvus_is_an_outage_not_a_usage_error():
     assert "unavailable (retry later)" in out.output and "Traceback" not in out.output
     bad = runner.invoke(app, ["index", "info", "snapshots/x", "--backend", "milvus", "--uri", f"http://127.0.0.1:{port}"])
     assert bad.exit_code == 2 and "FAISS snapshot folder" in bad.output  # a usage error stays one
+
+
+
+def test_the_top_level_lists_each_layers_command_by_its_own_help_line():
+    """`paraseek --help` lists the layers' commands without importing them (LAYER_COMMANDS): each help
+    line there is the command's own, and each command runs with its own parameters once loaded."""
+    import inspect
+
+    import typer.main
+
+    from paraseek.cli import LAYER_COMMANDS, LayerCommand
+
+    wide = {"COLUMNS": "400"}  # rich wraps at the terminal's width
+    listed = runner.invoke(app, ["--help"], env=wide)
+    assert listed.exit_code == 0, listed.output
+    group = typer.main.get_command(app)
+    for name, (_target, help_line) in LAYER_COMMANDS.items():
+        assert help_line in listed.output
+        command = group.commands[name]  # type: ignore[attr-defined]
+        assert isinstance(command, LayerCommand)
+        assert " ".join(inspect.cleandoc(command.loaded.help or "").split("\n\n")[0].split()) == help_line, name
+        usage = runner.invoke(app, [name, "--help"], env=wide)
+        assert usage.exit_code == 0 and f"Usage: root {name}" in usage.output, usage.output
+        assert "--install-completion" not in usage.output  # registered as a subcommand, not a program
+    recipes = runner.invoke(app, ["train", "--list"])
+    assert recipes.exit_code == 0 and "paraclip-starter-cpu" in recipes.output.split()
