@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from paraseek.core.errors import Unavailable, UserError
-from paraseek.service.schemas import FINISHED
+from paraseek.service.job_states import FINISHED
 
 
 class AdminRequestError(UserError):

@@ -1,7 +1,10 @@
 """``paraseek admin``: a running service's admin API from a shell (``AdminClient``): reindex and wait,
 follow, list and cancel jobs, list versions, roll back, reload a bundle. Paths are the server's, read
 by the server. Exit codes: 0 done, 1 a job that ended failed or cancelled, 2 a request the service
-refused (its message says which field), 69 a service that did not answer (retry later)."""
+refused (its message says which field), 69 a service that did not answer (retry later).
+
+A thin client: the index's helpers (its checks and tables) are imported by the commands that print or check
+with them, so most commands start without the index (numpy, faiss)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,8 @@ import typer
 
 from paraseek.core.cli_support import console, err, user_errors
 from paraseek.core.errors import UserError
-from paraseek.index.cli import index_spec, print_plan, print_version_lines
 from paraseek.service.admin_client import AdminClient
-from paraseek.service.schemas import FINISHED
+from paraseek.service.job_states import FINISHED
 
 app = typer.Typer(help="Drive a running service's admin API (PARASEEK_URL, PARASEEK_ADMIN_TOKEN): reindex, jobs, "
                   "versions, rollback, reload.", no_args_is_help=True)
@@ -90,6 +92,8 @@ def print_job(job: dict) -> None:
     report = job.get("report") or {}
     state = job["state"]
     if state == "succeeded" and report.get("dry_run"):
+        from paraseek.index.cli import print_plan
+
         print_plan(report)
     elif state == "succeeded" and report.get("unchanged"):
         console.print(f"job {job['id']} succeeded: nothing changed since {job['snapshot_version']} was built; it stays "
@@ -140,6 +144,8 @@ def reindex_cmd(
     """Start a reindex on the server; the service swaps to the new version once it is built and validated."""
     if checksum and not reuse:
         raise UserError("--checksum compares photos for reuse: it goes without --reencode")
+    from paraseek.index.cli import index_spec
+
     index_spec(index_type, params)  # refused here, before any request
     index_params = json.loads(params) if params else {}
     with client(url, token, timeout) as admin:
@@ -246,6 +252,8 @@ def versions_cmd(as_json: bool = JSON_OPTION, url: str = URL_OPTION, token: Opti
     if as_json:
         print_json(answer)
         return
+    from paraseek.index.cli import print_version_lines
+
     rows = answer["versions"]
     marks = {v["version"]: ("*" if v["current"] else " ") + (">" if v["served"] else " ") for v in rows}
     print_version_lines([(marks[v["version"]], v["version"], v["created_at"], v["count"], v["index"], v["recall_at_10"],

@@ -22,8 +22,9 @@ from paraseek.index.builder import build_snapshot, plan_build
 from paraseek.index.faiss_index import IndexSpec
 from paraseek.index.image_sources import open_source
 from paraseek.service.engine import SearchEngine
+from paraseek.service.job_states import FINISHED
 from paraseek.service.runtime import Active, first_answer_for, load_encoder, load_snapshot, validate_snapshot
-from paraseek.service.schemas import FINISHED, Job, JobProgress, ReindexRequest
+from paraseek.service.schemas import Job, JobProgress, ReindexRequest
 
 log = logging.getLogger(__name__)
 

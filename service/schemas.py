@@ -12,6 +12,7 @@ from paraseek.index.filters import SearchFilter
 from paraseek.index.versions import VERSION_TEXT
 from paraseek.paraphrase.expansions import EXPANSIONS, ExpansionParams, expansion_method
 from paraseek.paraphrase.factory import SOURCES
+from paraseek.service.job_states import JobState
 
 
 class StrictModel(BaseModel):
@@ -401,8 +402,6 @@ class JobProgress(BaseModel):
     total: int | None = Field(None, description="null while the source is listed")
 
 
-JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-FINISHED: tuple[JobState, ...] = ("succeeded", "failed", "cancelled")  # the states a job ends in
 
 
 class JobsQuery(StrictModel):

@@ -126,6 +126,18 @@ def test_cli_and_training_entry_points_import_no_torch():
     assert "torch" not in loaded
 
 
+@pytest.mark.parametrize("args, layers", [(["--help"], set()), (["admin", "jobs", "--help"], {"service"})])
+def test_the_command_line_starts_without_the_layers_it_does_not_run(args, layers):
+    """`paraseek --help` imports only the command line, and a layer's command only its layer's command
+    module: every layer together (numpy, onnxruntime, faiss, fastapi, pydantic-settings) took 2.9 s to
+    import. `paraseek admin` is an HTTP client: it starts without the index (numpy, faiss) too."""
+    extra = ("import typer.main\nfrom paraseek.cli import app\n"
+             f"typer.main.get_command(app).main({args!r}, prog_name='paraseek', standalone_mode=False)")
+    loaded = _imported_after(["paraseek.cli"], extra=extra)
+    assert loaded & set(LAYERS) - {"core", "paraseek"} == layers, loaded
+    assert not loaded & {"numpy", "onnxruntime", "faiss", "fastapi", "torch", "pydantic_settings"}, loaded
+
+
 def test_serve_startup_imports_no_torch(tmp_path, starter_bundle, starter_bank):
     """`paraseek serve` with a prebuilt starter: the embedded default is resolved and the app built
     without torch."""
