@@ -134,7 +134,7 @@ class Settings(BaseSettings):
 
     # admin routes are disabled unless a token is set
     admin_token: SecretStr | None = None
-    jobs_dir: Path | None = Field(None, description="where admin job records are kept (default: HOME/jobs); one folder per replica: "
+    jobs_dir: Path | None = Field(None, description="where admin job records are kept (default: HOME/jobs); one folder per process: "
                                      "a starting service reports the unfinished records it finds there as interrupted")
     snapshot_keep_versions: int = Field(5, ge=2, description="published versions kept after a reindex (current and "
                                         "the one before it are always kept)")

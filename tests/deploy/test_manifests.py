@@ -27,8 +27,9 @@ def test_overlays_render_and_validate(overlay):
 
     docs = render(overlay)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ConfigMap", "ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Deployment",
-                            "Service", "Service", "HorizontalPodAutoscaler"] + (["Secret"] if overlay == "milvus" else []))
+    assert kinds == sorted(["ConfigMap", "ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Deployment", "Deployment",
+                            "Service", "Service", "Service", "HorizontalPodAutoscaler", "CronJob"]
+                           + (["Secret"] if overlay == "milvus" else []))
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -42,7 +43,6 @@ def test_api_deployment_probes_resources_and_volume():
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     assert {"configMapRef": {"name": "paraseek-config"}} in c["envFrom"]
-    assert {"secretRef": {"name": "paraseek-admin"}} in c["envFrom"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "paraseek-data"
     cfg = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "paraseek-config")["data"]
@@ -68,11 +68,63 @@ def test_api_pods_are_scraped_and_the_dashboard_ships_as_a_configmap():
     assert json.loads(text) == json.loads((DEPLOY / "k8s" / "base" / "grafana" / "paraseek-dashboard.json").read_text())
 
 
+def named(docs: list[dict], kind: str, name: str) -> dict:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_the_indexer_alone_takes_the_admin_api():
+    """Reindex jobs live in the process that took them: the admin API is one pod's, the indexer's, behind
+    its own Service; the load-balanced API replicas carry no admin token (their admin routes answer 404)."""
+    docs = render("cpu")
+    api, indexer = named(docs, "Deployment", "paraseek-api"), named(docs, "Deployment", "paraseek-indexer")
+    for container in api["spec"]["template"]["spec"]["containers"]:
+        assert {"secretRef": {"name": "paraseek-admin"}} not in container.get("envFrom", [])
+        assert "PARASEEK_ADMIN_TOKEN" not in {e["name"] for e in container.get("env", [])}
+    pod = indexer["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"secretRef": {"name": "paraseek-admin"}} in c["envFrom"]
+    assert indexer["spec"]["replicas"] == 1 and indexer["spec"]["strategy"]["type"] == "Recreate"  # never two at once
+    jobs = next(e["value"] for e in c["env"] if e["name"] == "PARASEEK_JOBS_DIR")
+    (mount,) = c["volumeMounts"]
+    assert jobs.startswith(mount["mountPath"] + "/")  # the job records outlive the pod
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "paraseek-data"
+    admin = named(docs, "Service", "paraseek-admin")
+    pod_labels = indexer["spec"]["template"]["metadata"]["labels"]
+    assert admin["spec"]["selector"].items() <= pod_labels.items()
+    assert not admin["spec"]["selector"].items() <= api["spec"]["template"]["metadata"]["labels"].items()
+    assert named(docs, "HorizontalPodAutoscaler", "paraseek-api")["spec"]["scaleTargetRef"]["name"] == "paraseek-api"
+
+
+def test_the_nightly_reindex_drives_the_indexer_with_paraseek_admin(monkeypatch):
+    """The CronJob's command is a `paraseek admin` command line that parses: pointed at a port nobody
+    listens on, it gets as far as the request and exits 69 (retry later), not 2 (a usage error)."""
+    from typer.testing import CliRunner
+
+    from paraseek.cli import app
+
+    docs = render("cpu")
+    cron = named(docs, "CronJob", "paraseek-reindex")
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    admin = named(docs, "Service", "paraseek-admin")
+    assert env["PARASEEK_URL"]["value"] == f"http://{admin['metadata']['name']}"
+    assert env["PARASEEK_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "paraseek-admin", "key": "PARASEEK_ADMIN_TOKEN"}
+    assert c["command"][:3] == ["paraseek", "admin", "reindex"] and "--wait" in c["command"]
+    monkeypatch.setenv("PARASEEK_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("PARASEEK_ADMIN_TOKEN", "t")
+    result = CliRunner().invoke(app, c["command"][1:] + ["--timeout", "2"])
+    assert result.exit_code == 69, result.output
+
+
 def test_gpu_overlay_requests_a_gpu():
-    api = next(d for d in render("gpu") if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
-    c = api["spec"]["template"]["spec"]["containers"][0]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert c["image"].endswith(":gpu-0.1.0")
+    docs = render("gpu")
+    for name in ("paraseek-api", "paraseek-indexer"):  # the indexer encodes the photos of a reindex
+        c = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert c["image"].endswith(":gpu-0.1.0")
+    indexer = named(docs, "Deployment", "paraseek-indexer")["spec"]["template"]["spec"]["containers"][0]
+    assert "PARASEEK_JOBS_DIR" in {e["name"] for e in indexer["env"]}  # the overlay adds, it does not replace
 
 
 def test_milvus_overlay_points_the_api_at_milvus():
@@ -82,9 +134,9 @@ def test_milvus_overlay_points_the_api_at_milvus():
     cfg = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "paraseek-config")["data"]
     assert cfg["PARASEEK_INDEX_BACKEND"] == "milvus" and cfg["PARASEEK_MILVUS_URI"].startswith("http://")
     secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "paraseek-milvus")
-    api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
-    env_from = api["spec"]["template"]["spec"]["containers"][0]["envFrom"]
-    assert {"secretRef": {"name": "paraseek-milvus"}} in env_from
+    for name in ("paraseek-api", "paraseek-indexer"):
+        env_from = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+        assert {"secretRef": {"name": "paraseek-milvus"}} in env_from
     names = {f"PARASEEK_{name.upper()}" for name in Settings.model_fields}
     assert set(cfg) <= names and set(secret["stringData"]) <= names
     # the settings the overlay sets are what the service reads
