@@ -91,6 +91,7 @@ def test_the_indexer_alone_takes_the_admin_api():
     admin = named(docs, "Service", "paraseek-admin")
     pod_labels = indexer["spec"]["template"]["metadata"]["labels"]
     assert admin["spec"]["selector"].items() <= pod_labels.items()
+    assert admin["spec"]["publishNotReadyAddresses"] is True  # the first version is built through it, before /readyz passes
     assert not admin["spec"]["selector"].items() <= api["spec"]["template"]["metadata"]["labels"].items()
     assert named(docs, "HorizontalPodAutoscaler", "paraseek-api")["spec"]["scaleTargetRef"]["name"] == "paraseek-api"
 
