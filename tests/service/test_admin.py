@@ -70,6 +70,25 @@ def test_reindex_swaps_to_new_snapshot(make_settings, snapshot_copy, shared_data
         assert c.post("/v1/search", json={"query": "a giraffe"}).json()["snapshot_version"] == after["version"]
 
 
+def test_the_first_version_is_built_through_the_admin_api_of_a_service_not_yet_ready(make_settings, shared_data, tmp_path):
+    """A fresh deployment's indexer serves no snapshot (/readyz 503) until a reindex builds the first one
+    (deploy/k8s: the paraseek-admin Service reaches it before it is ready)."""
+    root = three_photos(shared_data, tmp_path)
+    with TestClient(create_app(make_settings(snapshot=tmp_path / "snapshots" / "coco", reindex_root=root))) as c:
+        assert c.get("/readyz").status_code == 503
+        job = c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()
+        done = wait_job(c, job["id"])
+        assert done["state"] == "succeeded", done
+        ready = c.get("/readyz")
+        deadline = time.time() + 120
+        while ready.json()["status"] == "warming up" and time.time() < deadline:  # WordNet still loading
+            time.sleep(0.5)
+            ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["snapshot"] == done["snapshot_version"], ready.json()
+        hits = c.post("/v1/search", json={"query": "a photo", "k": 3}).json()["results"]
+        assert len(hits) == 3 and c.get("/v1/info").json()["snapshot"]["version"] == done["snapshot_version"]
+
+
 def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_settings, snapshot_copy, shared_data, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
