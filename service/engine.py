@@ -235,6 +235,8 @@ class SearchEngine:
         replica's reindex, or a CLI build."""
         while True:
             await asyncio.sleep(self.settings.snapshot_poll_s or RETRY_LOAD_S)
+            if self.active is not None and self.settings.snapshot_poll_s <= 0:
+                return  # a reindex built the first version meanwhile; without polling, nothing to follow
             try:
                 if self.active is None:
                     await asyncio.to_thread(self._load)

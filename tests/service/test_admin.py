@@ -87,6 +87,11 @@ def test_the_first_version_is_built_through_the_admin_api_of_a_service_not_yet_r
         assert ready.status_code == 200 and ready.json()["snapshot"] == done["snapshot_version"], ready.json()
         hits = c.post("/v1/search", json={"query": "a photo", "k": 3}).json()["results"]
         assert len(hits) == 3 and c.get("/v1/info").json()["snapshot"]["version"] == done["snapshot_version"]
+        watcher = c.app.state.engine._watcher  # retried the load while nothing was served; polling is off
+        deadline = time.time() + 30
+        while not watcher.done() and time.time() < deadline:
+            time.sleep(0.2)
+        assert watcher.done() and watcher.exception() is None
 
 
 def test_a_reindex_encodes_only_what_changed_unless_asked_to_encode_all(make_settings, snapshot_copy, shared_data, tmp_path):
