@@ -402,8 +402,6 @@ class JobProgress(BaseModel):
     total: int | None = Field(None, description="null while the source is listed")
 
 
-
-
 class JobsQuery(StrictModel):
     """``GET /v1/admin/jobs``'s query: unknown parameters are refused, as unknown body fields are."""
 
