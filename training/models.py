@@ -11,7 +11,6 @@ frozen copy of itself for the anchor term and WiSE-FT, and exports a bundle.
 from __future__ import annotations
 
 import copy
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from paraseek.core.bundle import BundleManifest, read_manifest
+from paraseek.core.bundle import BundleManifest
 from paraseek.core.tokenizer import load_tokenizer
-from paraseek.training.export.manifest import IMAGE_FILE
+from paraseek.training.export.manifest import ship_image_tower
 from paraseek.training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, mean_pool
 
 
@@ -215,16 +214,11 @@ class _HFTextTower(TextTower):
 
     def export(self, out_dir, *, name, version, source):
         # a text tower tuned against a frozen image tower ships with that same image tower
-        preprocess = None
-        if self.image_bundle:
-            base = read_manifest(self.image_bundle)
-            if base.image is not None:
-                Path(out_dir).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(Path(self.image_bundle) / base.image.file, Path(out_dir) / IMAGE_FILE)
-                preprocess = base.image_preprocess
+        image_tower, preprocess = (ship_image_tower(self.image_bundle, out_dir, self.image_space) if self.image_bundle
+                                   else (None, None))
         return export_text_encoder(self.encoder.eval(), self.model_dir / "tokenizer.json", out_dir, name=name,
                                    version=version, image_space=self.image_space, max_tokens=self.max_tokens,
-                                   source=source, image_preprocess=preprocess)
+                                   source=source, image_preprocess=preprocess, image_tower=image_tower)
 
 
 class AlignmentText(_HFTextTower):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paraseek.core.bundle import BundleManifest, ImagePreprocess
+from paraseek.core.bundle import BundleManifest, ImagePreprocess, TowerSpec
 from paraseek.training.export.manifest import write_export_manifest
 from paraseek.training.export.onnx_export import export_onnx
 
@@ -84,9 +84,11 @@ def export_text_encoder(
     extra_files: dict[str, Path] | None = None,
     image_preprocess: ImagePreprocess | None = None,
     optimize: bool = True,
+    image_tower: TowerSpec | None = None,
 ) -> BundleManifest:
     """Write ``text.onnx`` + ``tokenizer.json`` (+ any other files) and the manifest; with
-    ``image_preprocess`` the bundle's ``image.onnx`` is already in ``out_dir`` and is listed too.
+    ``image_preprocess`` the bundle's ``image.onnx`` is already in ``out_dir`` and is listed too
+    (``image_tower``: its entry, when ``ship_image_tower`` copied it from another bundle).
     ``optimize``: fuse the towers' transformer operators (``graph_optimize``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +108,7 @@ def export_text_encoder(
     return write_export_manifest(
         out, name=name, version=version, embedding_dim=dim, max_tokens=max_tokens, image_space=image_space,
         text_inputs=["input_ids", "attention_mask"], cleaning="none", image_preprocess=image_preprocess,
-        source=source, optimize=optimize,
+        source=source, optimize=optimize, image_tower=image_tower,
     )
 
 

@@ -3,10 +3,12 @@ trained towers) describes what it wrote through ``write_export_manifest``."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from paraseek.core.bundle import BundleManifest, ImagePreprocess, TokenizerSpec, TowerSpec, read_manifest, write_manifest
 from paraseek.core.demo import demo_captions
+from paraseek.core.errors import UserError
 from paraseek.training.export.graph_optimize import optimize_bundle
 
 TEXT_FILE, IMAGE_FILE, TOKENIZER_FILE = "text.onnx", "image.onnx", "tokenizer.json"
@@ -48,3 +50,15 @@ def write_export_manifest(
     if optimize and optimize_bundle(out_dir, demo_captions()):
         manifest = read_manifest(out_dir)
     return manifest
+
+
+def ship_image_tower(image_bundle: str | Path, out_dir: str | Path, image_space: str) -> tuple[TowerSpec, ImagePreprocess]:
+    """Copy the frozen image tower of ``image_bundle`` into ``out_dir``, for a text tower tuned against it:
+    -> its manifest entry, fusion record included (``write_export_manifest(image_tower=...)`` does not
+    fuse and check it again: minutes for a ViT on a CPU), and its preprocessing."""
+    base = read_manifest(image_bundle)
+    if base.image is None or base.image_preprocess is None or base.image_space != image_space:
+        raise UserError(f"bundle {image_bundle} holds no image tower of image space {image_space!r} to ship")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(image_bundle) / base.image.file, Path(out_dir) / IMAGE_FILE)
+    return base.image.model_copy(update={"file": IMAGE_FILE}), base.image_preprocess

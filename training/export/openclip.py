@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -15,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from paraseek.core.errors import UserError
-from paraseek.core.bundle import BundleManifest, ImagePreprocess, read_manifest
+from paraseek.core.bundle import BundleManifest, ImagePreprocess
 from paraseek.core.integrity import sha256_file
 from paraseek.training.export.clip_tokenizer import write_clip_tokenizer
-from paraseek.training.export.manifest import IMAGE_FILE, write_export_manifest
+from paraseek.training.export.manifest import IMAGE_FILE, ship_image_tower, write_export_manifest
 from paraseek.training.export.onnx_export import export_onnx
 
 log = logging.getLogger(__name__)
@@ -139,8 +138,8 @@ def export_open_clip_model(
 ) -> BundleManifest:
     """Export an in-memory open_clip model (used by the CLI exporter and by training runs); ``optimize``:
     fuse the towers' transformer operators (``graph_optimize``). ``image_from``: a bundle already holding
-    this model's image tower (a training run's base bundle: the image tower stays frozen), whose image
-    file and record are copied instead of exported, fused and checked again: minutes for a ViT on a CPU."""
+    this model's image tower (a training run's base bundle: the image tower stays frozen), shipped as it is
+    (``ship_image_tower``) instead of exported, fused and checked again."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     text = ClipTextTower(model).eval()
@@ -155,11 +154,7 @@ def export_open_clip_model(
 
     preprocess, image_tower = None, None
     if include_image and image_from is not None:
-        base = read_manifest(image_from)
-        if base.image is None or base.image_preprocess is None or base.image_space != image_space:
-            raise UserError(f"bundle {image_from} holds no image tower of image space {image_space!r} to ship")
-        shutil.copyfile(Path(image_from) / base.image.file, out / IMAGE_FILE)
-        preprocess, image_tower = base.image_preprocess, base.image.model_copy(update={"file": IMAGE_FILE})
+        image_tower, preprocess = ship_image_tower(image_from, out, image_space)
     elif include_image:
         vis = ClipImageTower(model).eval()
         export_onnx(
