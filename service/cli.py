@@ -60,13 +60,14 @@ def _progress_line(job: dict) -> str:
 
 def follow(admin: AdminClient, job_id: str, poll_s: float, timeout_s: float | None) -> dict:
     """Wait for the job, saying each phase it enters on stderr."""
-    last: list[tuple] = [()]  # the (state, phase) said last
+    last: tuple = ()  # the (state, phase) said last
 
     def on_update(job: dict) -> None:
+        nonlocal last
         phase = (job["state"], (job.get("progress") or {}).get("phase"))
-        if job["state"] in FINISHED or phase == last[0]:
+        if job["state"] in FINISHED or phase == last:
             return
-        last[0] = phase
+        last = phase
         err.print(f"job {job_id} {_progress_line(job)}", highlight=False, soft_wrap=True)
 
     try:

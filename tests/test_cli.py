@@ -162,7 +162,6 @@ def test_an_unreachable_milvus_is_an_outage_not_a_usage_error():
     assert bad.exit_code == 2 and "FAISS snapshot folder" in bad.output  # a usage error stays one
 
 
-
 def test_the_top_level_lists_each_layers_command_by_its_own_help_line():
     """`paraseek --help` lists the layers' commands without importing them (LAYER_COMMANDS): each help
     line there is the command's own, and each command runs with its own parameters once loaded."""
