@@ -219,6 +219,10 @@ class SearchEngine:
         await self.index_batcher.stop()
         self.expansion_sources.shutdown()
         await self.cache.close()
+        # what it served (encoder sessions, index) goes now: the app and the engine refer to each other,
+        # and a cycle is only freed by a full collection, which a process that stops and starts apps
+        # (tests, an embedding host) may not run before the next app is loaded beside it
+        self.active = None
 
     def _load(self) -> None:
         """Open the index backend, clear what interrupted builds left, load the current version."""

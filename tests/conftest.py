@@ -69,6 +69,51 @@ def _every_core():
             os.environ["OMP_NUM_THREADS"] = share
 
 
+# A test process keeps what earlier tests left in reference cycles (an app and its engine refer to each
+# other, and hold encoder sessions and indexes) until a full collection, which the interpreter seldom
+# runs: test processes grew to 5-6 GB each. After a test that left this process's private memory
+# COLLECT_AFTER_GROWTH_MB above where the last collection left it, collect and give the freed heap back.
+COLLECT_AFTER_GROWTH_MB = 400
+_private_after_collection = [0.0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    from paraseek.core.memory import process_memory, release_free_memory
+
+    private = process_memory().private_mb
+    if private - _private_after_collection[0] > COLLECT_AFTER_GROWTH_MB:  # False where unknown (NaN)
+        release_free_memory()
+        _private_after_collection[0] = process_memory().private_mb
+
+
+# -- the quick tier (``pytest -m quick``): tests marked ``quick`` that start no server process (Redis
+# aside), export no model and build no starter beyond the cached ones (``built_once``). A module-level
+# mark covers the module; in a module run on several index backends, a test's mark covers its FAISS
+# variant only. Asking a quick test for one of these fixtures is a collection error, so the tier stays quick.
+NOT_QUICK_FIXTURES = frozenset({"tiny_clip", "milvus_standalone", "milvus_server", "uvicorn_server",
+                                "whole_photo_robust_bundle", "embedded_home"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    heavy = []
+    for item in items:
+        if item.get_closest_marker("quick") is None:
+            continue
+        params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("backend", "faiss") != "faiss":
+            if not any(m.name == "quick" for m in item.own_markers):
+                heavy.append(f"{item.nodeid}: a module-level quick mark in a module run on several backends")
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "quick"]
+            continue
+        uses = NOT_QUICK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses:
+            heavy.append(f"{item.nodeid} is marked quick but uses {', '.join(sorted(uses))}")
+    if heavy:
+        raise pytest.UsageError("quick tests must stay quick:\n" + "\n".join(heavy))
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one test process more than the cores. A good part of the suite waits on servers (a real
     Milvus server flushing, indexing and loading collections; service processes starting), and the extra
@@ -78,26 +123,63 @@ def pytest_xdist_auto_num_workers(config):
     return (os.cpu_count() or 1) + 1
 
 
+# What a built artefact (a starter bundle) depends on: the code and data that build it and the lock of
+# every library it runs on. A change to any of them builds it anew; anything else reuses the last build.
+BUILD_INPUTS = ("core", "training", "constraints.txt")
+
+
+def build_inputs_digest(name: str, root: Path = ROOT) -> str:
+    """sha256 over ``name``, the Python version and every file under ``BUILD_INPUTS`` (path and bytes)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{name}\0{sys.version_info[:2]}\0".encode())
+    for top in BUILD_INPUTS:
+        base = root / top
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for path in files:
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def build_cache_root() -> Path | None:
+    """Where built artefacts outlive a run: ``PARASEEK_TEST_CACHE`` (empty: nowhere, each run builds
+    its own), else ~/.cache/paraseek/tests."""
+    value = os.environ.get("PARASEEK_TEST_CACHE")
+    if value == "":
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "paraseek" / "tests"
+
+
 def built_once(tmp_path_factory, name: str, build) -> Path:
-    """``build(path)``'s result, built by one test process: pytest-xdist's workers share the build
-    (their base temp folders have one parent), so the others wait for it instead of building it again,
-    then each takes a copy into its own base temp folder, where tests expect their files."""
-    out = tmp_path_factory.mktemp(name) / name
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        build(out)
-        return out
+    """``build(path)``'s result, built once for every test process of this run and of later runs while
+    what builds it is unchanged (``build_inputs_digest``): the first process to need it builds it into
+    the cache (``build_cache_root()``, or this run's shared temporary folder where there is none) under
+    a file lock while the others wait, then each takes a copy into its own base temp folder, where
+    tests expect their files (a test may change its copy)."""
     import shutil
 
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp().parent / f"built-once-{name}"
-    with FileLock(f"{shared}.lock"):
-        if not (shared / "done").exists():
-            shared.mkdir(exist_ok=True)
+    out = tmp_path_factory.mktemp(name) / name
+    cache = build_cache_root()
+    if cache is None:  # this run's workers share one build (their base temp folders have one parent)
+        base = tmp_path_factory.getbasetemp()
+        cache = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        entry = cache / f"built-once-{name}"
+    else:
+        entry = cache / f"{name}-{build_inputs_digest(name)[:16]}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{entry}.lock"):
+        if not (entry / "done").exists():
+            shutil.rmtree(entry, ignore_errors=True)  # a build that was interrupted
             with _every_core():
-                build(shared / name)
-            (shared / "done").touch()
-    shutil.copytree(shared / name, out)
+                build(entry / name)
+            (entry / "done").touch()
+            for stale in cache.glob(f"{name}-*"):  # earlier builds of the same artefact from other code
+                if stale.is_dir() and stale != entry and stale.name.rsplit("-", 1)[0] == name:
+                    shutil.rmtree(stale, ignore_errors=True)
+    shutil.copytree(entry / name, out)
     return out
 
 

@@ -72,6 +72,7 @@ def test_index_build_says_which_files_stay_skipped_when_nothing_changed(home, sh
     assert "skipped broken.jpg: could not be decoded when v0001-" in same.output, same.output
 
 
+@pytest.mark.quick
 def test_models_info_verifies(home):
     r = runner.invoke(app, ["models", "info"])
     assert r.exit_code == 0 and json.loads(r.output)["name"] == "paraseek-starter"
@@ -162,6 +163,7 @@ def test_an_unreachable_milvus_is_an_outage_not_a_usage_error():
     assert bad.exit_code == 2 and "FAISS snapshot folder" in bad.output  # a usage error stays one
 
 
+@pytest.mark.quick
 def test_the_top_level_lists_each_layers_command_by_its_own_help_line():
     """`paraseek --help` lists the layers' commands without importing them (LAYER_COMMANDS): each help
     line there is the command's own, and each command runs with its own parameters once loaded."""

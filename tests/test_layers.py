@@ -58,6 +58,7 @@ def layer_graph() -> dict[str, dict[str, list[str]]]:
     return graph
 
 
+@pytest.mark.quick
 def test_every_import_points_down():
     upward = [
         f"{module} ({layer}) imports {dep}"
@@ -69,6 +70,7 @@ def test_every_import_points_down():
     assert not upward, "imports that do not point down:\n" + "\n".join(upward)
 
 
+@pytest.mark.quick
 def test_graph_checker_sees_function_local_imports(tmp_path):
     """The checker must catch an upward import hidden inside a function (the pattern this test forbids)."""
     module = tmp_path / "m.py"
@@ -121,12 +123,14 @@ def test_serving_layers_import_no_torch_and_nothing_above(layer):
     assert "torch" not in loaded, f"importing {layer} imported torch"
 
 
+@pytest.mark.quick
 def test_cli_and_training_entry_points_import_no_torch():
     loaded = _imported_after(["paraseek.cli", "paraseek.training", "paraseek.training.cli", "paraseek.training.embedded", "paraseek.training.recipe"])
     assert "torch" not in loaded
 
 
 @pytest.mark.parametrize("args, layers", [(["--help"], set()), (["admin", "jobs", "--help"], {"service"})])
+@pytest.mark.quick
 def test_the_command_line_starts_without_the_layers_it_does_not_run(args, layers):
     """`paraseek --help` imports only the command line, and a layer's command only its layer's command
     module: every layer together (numpy, onnxruntime, faiss, fastapi, pydantic-settings) took 2.9 s to
@@ -183,11 +187,13 @@ def module_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
+@pytest.mark.quick
 def test_no_module_imports_itself_around_a_circle(layer):
     cycle = module_cycle(module_graph(layer))
     assert cycle is None, f"modules of {layer}/ import each other in a circle: {' -> '.join(cycle or [])}"
 
 
+@pytest.mark.quick
 def test_cycle_checker_sees_a_circle_through_a_lazy_import():
     a, b, c = "paraseek.index.a", "paraseek.index.b", "paraseek.index.c"
     assert module_cycle({a: {b}, b: {c}, c: {a}}) is not None

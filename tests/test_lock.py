@@ -1,9 +1,11 @@
 """The application install is locked, the library keeps its ranges.
 
-constraints.txt (written by .ci/relock) pins every distribution that install.sh installs; the
-environment running these tests must hold exactly those, so that a dependency cannot be added, or
-drift, without the lock saying so. The wheel users embed keeps pyproject.toml's ranges
-(tests/test_packaging.py)."""
+constraints.txt (written by .ci/relock) pins every distribution that install.sh installs; every one of
+them that this environment holds (``paraseek[all]`` and what it requires, through the installed
+metadata, and the installer's own pip, setuptools and wheel) must be the locked version, so that a
+dependency cannot be added, or drift, without the lock saying so. A tool a developer adds beside them
+(pytest-cov, ipython) is not the application's and is left alone. The wheel users embed keeps
+pyproject.toml's ranges (tests/test_packaging.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+pytestmark = pytest.mark.quick
+
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "constraints.txt"
@@ -36,14 +41,36 @@ def read_lock(text: str) -> dict[str, Version]:
     return pins
 
 
-def installed_distributions() -> dict[str, Version]:
-    """name -> version of every distribution this interpreter can import, the project itself aside."""
+# what install.sh installs: the installer and build backend first, then the project with every extra
+INSTALLED_BY_INSTALL_SH = ("pip", "setuptools", "wheel", f"{PROJECT}[all]")
+
+
+def installed_requirement_closure(roots=INSTALLED_BY_INSTALL_SH) -> tuple[dict[str, Version], list[str]]:
+    """name -> installed version of every distribution ``roots`` need, following each installed
+    distribution's requirements (with the extras asked of it and the markers of this interpreter), the
+    project itself aside; and the needed distributions that are not installed."""
     found: dict[str, Version] = {}
-    for dist in metadata.distributions():
-        name = canonicalize_name(dist.metadata["Name"])
+    missing: list[str] = []
+    done: set[tuple[str, frozenset[str]]] = set()
+    todo = [Requirement(r) for r in roots]
+    while todo:
+        req = todo.pop()
+        name, extras = canonicalize_name(req.name), frozenset(req.extras)
+        if (name, extras) in done:
+            continue
+        done.add((name, extras))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
         if name != PROJECT:
-            found.setdefault(name, Version(dist.version))  # the first on sys.path is the one imported
-    return found
+            found[name] = Version(dist.version)
+        for line in dist.requires or []:
+            need = Requirement(line)
+            if need.marker is None or any(need.marker.evaluate({"extra": extra}) for extra in extras | {""}):
+                todo.append(need)
+    return found, sorted(set(missing))
 
 
 def lock_mismatches(pins: dict[str, Version], installed: dict[str, Version]) -> list[str]:
@@ -78,8 +105,17 @@ def test_a_removed_or_moved_pin_is_reported():
         "fastapi 0.121.0 is installed, the lock pins 0.120.0"]
 
 
-def test_environment_holds_exactly_the_lock():
-    problems = lock_mismatches(read_lock(LOCK.read_text()), installed_distributions())
+def test_the_closure_follows_extras_and_markers_of_installed_metadata():
+    found, missing = installed_requirement_closure(["packaging", "pytest"])
+    assert set(found) >= {"packaging", "pytest", "pluggy", "iniconfig"} and missing == []
+    assert "colorama" not in found  # pytest needs it on Windows only
+    found, missing = installed_requirement_closure(["fastapi[standard]"])  # an extra this environment lacks
+    assert "fastapi" in found and "fastapi-cli" in missing
+
+
+def test_environment_holds_the_lock():
+    found, missing = installed_requirement_closure()
+    problems = lock_mismatches(read_lock(LOCK.read_text()), found) + [f"{name} is required but not installed" for name in missing]
     assert not problems, ("this environment is not the lock; install with `bash install.sh`, or lock a new "
                           "dependency with `.ci/relock --keep`:\n" + "\n".join(problems))
 

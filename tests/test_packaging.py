@@ -32,6 +32,7 @@ def test_wheel_installs_one_top_level_name(wheel):
     assert tops == {"paraseek", "paraseek-0.1.0.dist-info"}
 
 
+@pytest.mark.quick
 def test_wheel_holds_every_module_and_data_file_of_the_folders(wheel):
     """The links paraseek/<folder> are followed at build time: the wheel holds the files themselves."""
     with zipfile.ZipFile(wheel) as zf:
@@ -73,6 +74,7 @@ def test_unpacked_wheel_imports_without_the_checkout(wheel, tmp_path):
     assert bare == "[]"
 
 
+@pytest.mark.quick
 def test_wheel_keeps_ranges(wheel):
     """Users who embed the library resolve its ranges; only torch and torchvision are exact (the CPU
     build the tests run, and training/torch_env.py's workaround is written for that pair), and the dev

@@ -44,6 +44,7 @@ def test_malformed_manifest(bundle_copy):
         read_manifest(bundle_copy)
 
 
+@pytest.mark.quick
 def test_missing_manifest(tmp_path):
     with pytest.raises(BundleError, match="manifest.json is missing"):
         read_manifest(tmp_path)
@@ -62,6 +63,7 @@ def test_int8_requires_an_int8_tower(tiny_clip):
     (0.995, (70.0, 70.0), (74.0, 73.4), "fp32"),   # R@10 loses 0.6 points
     (0.995, None, None, "fp32"),                   # never evaluated
 ])
+@pytest.mark.quick
 def test_auto_precision_serves_int8_only_when_it_agrees_and_loses_nothing(cosine, ao, r10, serves):
     from paraseek.core.bundle import BundleManifest, Int8Evaluation, QuantizedSpec, TokenizerSpec, TowerSpec, resolve_precision
 

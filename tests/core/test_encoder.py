@@ -16,6 +16,7 @@ from paraseek.core.settings import Settings
 GPU_BUILD = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
+@pytest.mark.quick
 def test_provider_names_take_short_and_full_names_in_order():
     assert provider_names(None) is None and provider_names("") is None
     assert provider_names("cuda, CPU") == ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -25,11 +26,14 @@ def test_provider_names_take_short_and_full_names_in_order():
         Settings(providers="cuda;cpu")
 
 
-def test_a_provider_this_onnxruntime_lacks_is_named():
+@pytest.mark.quick
+def test_a_provider_this_onnxruntime_lacks_is_named(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])  # a CPU build
     with pytest.raises(BundleError, match="CUDAExecutionProvider.*not available"):
         choose_providers(provider_names("cuda"))
 
 
+@pytest.mark.quick
 def test_tensorrt_is_skipped_without_its_libraries_and_cuda_libraries_are_preloaded(monkeypatch):
     preloads = []
     monkeypatch.setattr(ort, "get_available_providers", lambda: GPU_BUILD)
@@ -71,6 +75,7 @@ def test_a_gpu_provider_that_does_not_load_leaves_a_cpu_encoder(bundle_with_fp16
     assert forced.precision == "fp16" and forced.providers == ["CPUExecutionProvider"]
 
 
+@pytest.mark.quick
 def test_preprocess_with_crops_gives_the_whole_photo_then_its_crops_row_by_row():
     import numpy as np
     from PIL import Image

@@ -9,6 +9,9 @@ import pytest
 from paraseek.core.errors import UserError
 from paraseek.core.integrity import VERIFIED, checksums, record_verified, verify_checksums
 
+pytestmark = pytest.mark.quick
+
+
 OLD_NS = time.time_ns() - 3600 * 10**9  # an hour ago: past the racy window of any record taken now
 
 

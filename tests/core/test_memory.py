@@ -10,6 +10,9 @@ import pytest
 from paraseek.core.encoder import Encoder
 
 
+pytestmark = pytest.mark.quick
+
+
 _RELEASE_SCRIPT = """
 from paraseek.core.memory import limit_malloc_arenas, release_free_memory
 

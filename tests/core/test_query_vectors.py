@@ -6,6 +6,9 @@ import pytest
 from paraseek.core.query_vectors import mean_fusion, rocchio, weighted_fusion
 
 
+pytestmark = pytest.mark.quick
+
+
 def unit(*v):
     v = np.asarray(v, np.float32)
     return v / np.linalg.norm(v)

@@ -4,6 +4,9 @@ import pytest
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k, overlap_recall, retrieval_recall
 
 
+pytestmark = pytest.mark.quick
+
+
 def test_identical_lists_score_one():
     assert average_overlap([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
     assert jaccard_at_k([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0

@@ -68,6 +68,7 @@ def test_batch_pads_only_to_longest(clip_encoder):
     assert batch.input_ids.shape[1] < 77
 
 
+@pytest.mark.quick
 def test_fingerprints_follow_the_token_ids_not_the_text(starter_bundle, tmp_path):
     """The embedding cache's key: an uncased vocabulary maps "US" and "us" to one key, a cased one
     (export-hf keeps a cased model's tokenizer as it is) to two; special tokens are not text."""

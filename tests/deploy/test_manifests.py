@@ -34,6 +34,7 @@ def test_overlays_render_and_validate(overlay):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+@pytest.mark.quick
 def test_api_deployment_probes_resources_and_volume():
     docs = render("cpu")
     api = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paraseek-api")
@@ -54,6 +55,7 @@ def test_api_deployment_probes_resources_and_volume():
     assert hpa["spec"]["scaleTargetRef"]["name"] == "paraseek-api"
 
 
+@pytest.mark.quick
 def test_api_pods_are_scraped_and_the_dashboard_ships_as_a_configmap():
     import json
 
@@ -72,6 +74,7 @@ def named(docs: list[dict], kind: str, name: str) -> dict:
     return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
+@pytest.mark.quick
 def test_the_indexer_alone_takes_the_admin_api():
     """Reindex jobs live in the process that took them: the admin API is one pod's, the indexer's, behind
     its own Service; the load-balanced API replicas carry no admin token (their admin routes answer 404)."""
@@ -96,6 +99,7 @@ def test_the_indexer_alone_takes_the_admin_api():
     assert named(docs, "HorizontalPodAutoscaler", "paraseek-api")["spec"]["scaleTargetRef"]["name"] == "paraseek-api"
 
 
+@pytest.mark.quick
 def test_the_nightly_reindex_drives_the_indexer_with_paraseek_admin(monkeypatch):
     """The CronJob's command is a `paraseek admin` command line that parses: pointed at a port nobody
     listens on, it gets as far as the request and exits 69 (retry later), not 2 (a usage error)."""
@@ -118,6 +122,7 @@ def test_the_nightly_reindex_drives_the_indexer_with_paraseek_admin(monkeypatch)
     assert result.exit_code == 69, result.output
 
 
+@pytest.mark.quick
 def test_gpu_overlay_requests_a_gpu():
     docs = render("gpu")
     for name in ("paraseek-api", "paraseek-indexer"):  # the indexer encodes the photos of a reindex
@@ -128,6 +133,7 @@ def test_gpu_overlay_requests_a_gpu():
     assert "PARASEEK_JOBS_DIR" in {e["name"] for e in indexer["env"]}  # the overlay adds, it does not replace
 
 
+@pytest.mark.quick
 def test_milvus_overlay_points_the_api_at_milvus():
     from paraseek.core.settings import Settings
 
@@ -163,6 +169,7 @@ def test_compose_milvus_profile_is_pinned_and_wired():
     assert api["PARASEEK_INDEX_BACKEND"] == "milvus" and api["PARASEEK_MILVUS_URI"] == "http://milvus:19530"
 
 
+@pytest.mark.quick
 def test_compose_config_is_valid():
     compose = shutil.which("docker-compose")
     if compose is None:
@@ -184,6 +191,7 @@ def test_compose_config_is_valid():
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+@pytest.mark.quick
 def test_dockerfiles_lint_clean(name):
     hadolint = shutil.which("hadolint")
     if hadolint is None:
@@ -195,6 +203,7 @@ def test_dockerfiles_lint_clean(name):
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+@pytest.mark.quick
 def test_dockerfiles_multistage_nonroot_healthcheck(name):
     from dockerfile_parse import DockerfileParser
 

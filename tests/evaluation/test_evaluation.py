@@ -15,6 +15,7 @@ from paraseek.evaluation.retrieval import cross_modal_recall
 from paraseek.paraphrase.expansions import ConfidentLead, HubCorrection, KeepFirst
 
 
+@pytest.mark.quick
 def test_reproduces_real_clip_recall(shared_data):
     """OpenAI CLIP ViT-B/16 on 500 COCO val images: published R@1 50.6, R@5 76.4, R@10 86.2."""
     feats = np.load(shared_data / "clip-vitb16-coco500/features_clip.npy")
@@ -26,6 +27,7 @@ def test_reproduces_real_clip_recall(shared_data):
     assert r0["t2i_r10"] < 5  # chance is 2.0 for 500 images
 
 
+@pytest.mark.quick
 def test_recall_with_several_captions_per_image():
     images = np.eye(3, dtype=np.float32)
     texts = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 0, 1], [0, 1, 0.1]], np.float32)
@@ -36,6 +38,7 @@ def test_recall_with_several_captions_per_image():
         cross_modal_recall(images, [10, 20, 30], texts, [10, 10, 20, 99])
 
 
+@pytest.mark.quick
 def test_recall_with_keep_first_ranks_as_the_served_list():
     """Caption 0's expanded vector ranks image 30 first, its plain one its own image 10: keep_first 1
     serves 10 first; caption 1's lists both lead with 20. Below the kept result the expanded order holds."""
@@ -53,6 +56,7 @@ def test_recall_with_keep_first_ranks_as_the_served_list():
         assert moved["t2i_r1"] == pytest.approx(r1), blend
 
 
+@pytest.mark.quick
 def test_recall_with_hub_correction_ranks_by_the_corrected_scores():
     """Image 30 is a hub (bias 0.9): caption 0 ranks it first by cosine (0.6 against its own image's 0.5),
     and second once each score loses half its image's bias; image-to-text recall is untouched."""
@@ -67,6 +71,7 @@ def test_recall_with_hub_correction_ranks_by_the_corrected_scores():
                               image_bias=bias)["t2i_r1"] == pytest.approx(50.0)  # 0.6 - 0.09 still beats 0.5 - 0.01
 
 
+@pytest.mark.quick
 def test_recall_with_a_confident_lead_ranks_as_the_served_list():
     """Caption 0's list leads with image 30; the lead tower is sure of image 10 (margin 0.8), so 10 leads.
     Caption 1's lead tower prefers 10 by only 0.05: below the margin, its list stays as it was."""
@@ -91,6 +96,7 @@ def test_sts_of_starter_text_tower(starter_encoder, shared_data):
     assert 0.8 <= r["spearman"] <= 0.92, r  # all-MiniLM-L6-v2 on STS-B dev: ~0.87
 
 
+@pytest.mark.quick
 def test_readers(shared_data, tmp_path):
     pairs = read_pairs(shared_data / "paraphrase/cxc_dev_pairs.tsv")
     assert len(pairs) == 445 and pairs[0] == ("a bath room sink with large mirror", "An image of a bathroom with a sink and mirror")
@@ -105,6 +111,7 @@ def test_readers(shared_data, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(perturb.CHARACTER) + sorted(perturb.WORD))
+@pytest.mark.quick
 def test_perturbations_are_seeded_and_change_text(name):
     fn = perturb.perturbations()[name]
     text = "A man riding a brown horse along the beach at sunset"
@@ -113,6 +120,7 @@ def test_perturbations_are_seeded_and_change_text(name):
     assert a != text
 
 
+@pytest.mark.quick
 def test_synonym_perturbation_uses_wordnet(shared_data, monkeypatch):
     monkeypatch.setenv("NLTK_DATA", str(shared_data / "nltk_data"))
     from paraseek.core.settings import Settings
@@ -168,6 +176,7 @@ def test_compare_writes_table_and_plots(starter_bundle, tiny_clip, shared_data, 
         assert (tmp_path / "cmp" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.quick
 def test_eval_errors_are_clear(tmp_path):
     r = CliRunner().invoke(app, ["eval", "sts", "--file", str(tmp_path / "missing.csv"), "--bundle", str(tmp_path)])
     assert r.exit_code == 2 and "does not exist" in r.output
@@ -275,6 +284,7 @@ def test_expansions_in_compare_and_the_collapse_guard(starter_bundle, shared_dat
     assert r.exit_code == 2 and "not a number" in r.output
 
 
+@pytest.mark.quick
 def test_held_out_texts_are_matched_whatever_their_case_and_spaces(tmp_path):
     (tmp_path / "pairs.tsv").write_text("caption1\tcaption2\n A Dog on a sofa\ta puppy\n")
     held = held_out_texts([tmp_path / "pairs.tsv"])

@@ -32,6 +32,7 @@ def collection():
     return vectors, ids, queries.astype(np.float32), exact_search(vectors, ids, queries, 10)
 
 
+@pytest.mark.quick
 def test_rerank_is_exact_among_the_candidates(collection):
     vectors, ids, queries, _ = collection
     exact = ExactVectors(vectors, ids)
@@ -65,6 +66,7 @@ def test_refine_recovers_the_recall_pq_codes_lose(collection):
 
 
 @pytest.mark.parametrize("kind", ["ivf_flat", "ivf_fp16", "ivf_pq", "hnsw"])
+@pytest.mark.quick
 def test_tuning_picks_the_cheapest_setting_that_reaches_the_target(collection, kind):
     vectors, ids, queries, truth = collection
     params = {"ivf_flat": {"nlist": 128}, "ivf_fp16": {"nlist": 128}, "ivf_pq": {"nlist": 128, "pq_m": 8},
@@ -82,6 +84,7 @@ def test_tuning_picks_the_cheapest_setting_that_reaches_the_target(collection, k
         assert overlap_recall(index.search(queries, 10)[1], truth) < 0.95
 
 
+@pytest.mark.quick
 def test_ivf_fp16_holds_half_the_bytes_and_scores_like_ivf_flat(collection):
     vectors, ids, queries, truth = collection
     built = {}
@@ -116,6 +119,7 @@ def test_build_with_target_recall_records_and_serves_the_setting(collection, tmp
     assert overlap_recall(got, truth_rows) == pytest.approx(m.recall_at_10)  # the served search is the measured one
 
 
+@pytest.mark.quick
 def test_cli_target_recall_with_query_vectors(collection, tmp_path):
     from typer.testing import CliRunner
 
@@ -153,6 +157,7 @@ def test_exact_search_is_exact_at_every_block_size_and_keeps_the_score_buffer_sm
 
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("n_queries", [1, 3])
+@pytest.mark.quick
 def test_split_scan_finds_what_one_scan_finds(parts, n_queries):
     rng = np.random.default_rng(parts * 10 + n_queries)
     rows = rng.standard_normal((10_001, 32), dtype=np.float32)
@@ -167,6 +172,7 @@ def test_split_scan_finds_what_one_scan_finds(parts, n_queries):
     assert (numbers == np.argsort(-(queries @ rows[:7].T), axis=1)[:, :5]).all()
 
 
+@pytest.mark.quick
 def test_a_flat_snapshot_splits_a_few_queries_scan_among_its_threads(collection, tmp_path, monkeypatch):
     """With one thread set for the calling thread a flat snapshot searches as faiss does; with more, a
     search of 1-3 queries splits the collection among them, with the same answer."""
@@ -195,6 +201,7 @@ def test_a_flat_snapshot_splits_a_few_queries_scan_among_its_threads(collection,
     assert (split[1][1] == exact_search(vectors, np.arange(len(vectors), dtype=np.int64), queries[:3], 10)).all()
 
 
+@pytest.mark.quick
 def test_a_single_query_searches_on_one_openmp_thread_and_the_setting_is_restored():
     """One query gains nothing from an OpenMP team (faiss shares a search out by query), whose idle
     thread would then spin on a core the next encoder call needs."""
@@ -222,6 +229,7 @@ def test_a_single_query_searches_on_one_openmp_thread_and_the_setting_is_restore
         set_threads(before)
 
 
+@pytest.mark.quick
 def test_auto_is_exact_up_to_the_limit_then_ivf_fp16_while_its_lists_fit_then_ivf_pq(monkeypatch):
     from paraseek.index import faiss_index
     from paraseek.index.faiss_index import EXACT_LIMIT, auto_index_type
@@ -259,6 +267,7 @@ def test_auto_past_the_exact_limit_is_tuned_to_the_default_recall_without_flags(
 
 @pytest.mark.parametrize("kind", ["flat", "ivf_flat"])
 @pytest.mark.parametrize("ids_of", ["rows", "offset", "sparse", "negative"])
+@pytest.mark.quick
 def test_id_selector_accepts_exactly_its_ids_as_a_bitmap_or_a_hash_set(kind, ids_of):
     """Small non-negative ids get a bitmap, far-apart or negative ones faiss' hash set; a filtered
     search returns the same ids either way, all of them selected."""

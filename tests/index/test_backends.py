@@ -126,6 +126,7 @@ def flat_snapshot(backend: str, tmp_path, request, vectors, ids, rows):
 
 
 @pytest.mark.parametrize("flt", FILTERS, ids=[str(i) for i in range(len(FILTERS))])
+@pytest.mark.quick
 def test_filtered_search_is_the_exact_top_k_among_matches(backend, tmp_path, request, flt):
     vectors, ids, rows = synthetic()
     snap = flat_snapshot(backend, tmp_path, request, vectors, ids, rows)
@@ -142,6 +143,7 @@ def test_filtered_search_is_the_exact_top_k_among_matches(backend, tmp_path, req
 
 
 @pytest.mark.parametrize("kind", ["hnsw", "ivf_flat"])
+@pytest.mark.quick
 def test_filters_on_approximate_indexes_search_only_matches(backend, tmp_path, request, kind):
     """Few matches: an exact scan of them (FAISS); many: the ANN searched with an id selector, or
     Milvus' own filtered search. Either way every result matches and recall stays high."""
@@ -166,6 +168,7 @@ def test_filters_on_approximate_indexes_search_only_matches(backend, tmp_path, r
         assert recall >= 0.9, (flt, recall)
 
 
+@pytest.mark.quick
 def test_a_selective_filter_probes_more_ivf_lists(backend, tmp_path, request, monkeypatch):
     """nprobe is tuned on unfiltered searches: a filter keeping 1 % of the vectors probes nprobe / 0.01
     lists (here all of them). With the tuned nprobe alone Milvus Lite finds 0.06 of the true top 10 and
@@ -202,6 +205,7 @@ def test_a_selective_filter_probes_more_ivf_lists(backend, tmp_path, request, mo
         assert tuned < 0.5, tuned
 
 
+@pytest.mark.quick
 def test_filter_widening_stays_within_the_index():
     from paraseek.index.milvus_store import widened_for_filter
 
@@ -216,6 +220,7 @@ def test_filter_widening_stays_within_the_index():
     assert widened_for_filter({}, {}, 0.1) == {}  # FLAT: every vector is compared anyway
 
 
+@pytest.mark.quick
 def test_short_answers_are_asked_again_wider():
     from paraseek.index.milvus_store import params_for_short_answers
 
@@ -231,6 +236,7 @@ def test_short_answers_are_asked_again_wider():
     assert params_for_short_answers({}, "FLAT", {}) is None
 
 
+@pytest.mark.quick
 def test_a_faiss_search_that_answers_short_scans_the_matches(tmp_path, monkeypatch):
     """Past 50,000 matches FAISS searches its ANN index with an id selector; where the lists probed or
     the graph walked hold fewer matches than k (a 1 % filter through a tuned IVF search answers most
@@ -258,6 +264,7 @@ def test_a_faiss_search_that_answers_short_scans_the_matches(tmp_path, monkeypat
     assert (got >= 0).all() and np.isfinite(scores).all()
 
 
+@pytest.mark.quick
 def test_a_graph_search_that_answers_short_is_asked_again(backend, tmp_path, request, monkeypatch):
     """A Milvus 2.3.5 server's filtered HNSW search sometimes answers a query with 0 or 1 hits of 10
     among a thousand matches (milvus-io/milvus #33933; 30 filtered queries of 1,500 in bench_backends at
@@ -296,6 +303,7 @@ def test_a_graph_search_that_answers_short_is_asked_again(backend, tmp_path, req
     assert recall >= 0.95, recall
 
 
+@pytest.mark.quick
 def test_a_version_reads_back_whole_with_or_without_its_vectors(backend, tmp_path, request):
     """contents (ids, vectors, rows), iter_metadata (ids, rows: what a checksum build compares) and
     held_ids (ids alone: which files a kept version could not decode) give the same rows."""
@@ -313,6 +321,7 @@ def test_a_version_reads_back_whole_with_or_without_its_vectors(backend, tmp_pat
     assert sorted(snap.held_ids().tolist()) == sorted(ids.tolist())
 
 
+@pytest.mark.quick
 def test_malformed_filters_name_the_part(backend, tmp_path, request):
     vectors, ids, rows = synthetic(n=200)
     store = make_store(backend, tmp_path, request)
@@ -329,6 +338,7 @@ def test_malformed_filters_name_the_part(backend, tmp_path, request):
             SearchFilter.model_validate(bad)
 
 
+@pytest.mark.quick
 def test_publication_is_atomic_and_a_failed_build_leaves_nothing(backend, tmp_path, request, monkeypatch):
     vectors, ids, rows = synthetic(n=5000)
     store = make_store(backend, tmp_path, request)
@@ -378,6 +388,7 @@ class Stopped(Exception):
     """What a cancelled job's progress callback raises."""
 
 
+@pytest.mark.quick
 def test_a_write_reports_the_rows_indexed_and_stops_where_its_callback_raises(backend, tmp_path, request, monkeypatch):
     """``on_progress`` sees each chunk added (FAISS) or inserted (Milvus), then the whole count before the
     recall is measured and before the version is published; an exception it raises (a cancel) fails the
@@ -500,6 +511,7 @@ def test_update_and_copy_between_backends(backend, tmp_path, request, starter_en
     assert np.array_equal(twin.filtered(flt).search_ids(queries, 10)[1], after.filtered(flt).search_ids(queries, 10)[1])
 
 
+@pytest.mark.quick
 def test_precomputed_vectors_build_into_either_backend(backend, tmp_path, request):
     """Shards of vectors computed elsewhere (with user columns) index into the store, are refused to a
     bundle of another image space, and filter on their user fields."""
@@ -522,6 +534,7 @@ def test_precomputed_vectors_build_into_either_backend(backend, tmp_path, reques
         assert sorted(found) == [i for i in range(1000, 1100) if i % 3 == 1]  # every match, nothing else
 
 
+@pytest.mark.quick
 def test_index_types_map_to_milvus_or_say_they_cannot():
     from paraseek.core.errors import UserError
     from paraseek.index.milvus_store import native_index
@@ -531,6 +544,7 @@ def test_index_types_map_to_milvus_or_say_they_cannot():
         native_index(IndexSpec(type="ivf_fp16", nlist=8))
 
 
+@pytest.mark.quick
 def test_a_bare_grpc_error_from_pymilvus_is_an_outage(milvus_store, monkeypatch):
     """pymilvus lets a gRPC deadline through unwrapped while a server restarts: the search is then
     unavailable (503), not a crash (500); the one retry for a dropped connection runs too."""
@@ -565,6 +579,7 @@ def test_a_bare_grpc_error_from_pymilvus_is_an_outage(milvus_store, monkeypatch)
             call()
 
 
+@pytest.mark.quick
 def test_what_a_published_version_leaves_is_read_strong_only_where_a_bounded_read_lags(milvus_store, monkeypatch):
     """A Milvus server's default read (Bounded) may miss a write of the last seconds; a Strong one waits for
     the server's time tick (200-400 ms a query on a 2.3.5 standalone). What a published version leaves (its
@@ -595,6 +610,7 @@ def test_what_a_published_version_leaves_is_read_strong_only_where_a_bounded_rea
     assert milvus_store.versions() == [first.version] and levels == ["Strong"]
 
 
+@pytest.mark.quick
 def test_searches_and_lookups_from_many_threads_agree_with_one(backend, tmp_path, request, monkeypatch):
     """The service searches from worker threads (in parallel when batching is off): a filtered view's
     first searches, metadata lookups through Milvus' small LRU and the memory-mapped vectors, all at
@@ -681,6 +697,7 @@ def test_two_processes_building_into_one_milvus_collection(milvus_server, tmp_pa
     _check_two_versions(store, store.versions())
 
 
+@pytest.mark.quick
 def test_an_alias_created_by_another_writer_after_the_check_is_moved_not_an_error(milvus_store, monkeypatch):
     """What two first builds into one collection race on: both see no alias; the later create fails."""
     from paraseek.index.milvus_store import MilvusStore
@@ -695,6 +712,7 @@ def test_an_alias_created_by_another_writer_after_the_check_is_moved_not_an_erro
     assert milvus_store.current_version() == second.version and len(milvus_store.load()) == 200
 
 
+@pytest.mark.quick
 def test_clean_stale_keeps_the_collection_of_a_build_that_begins_while_it_runs(milvus_store, monkeypatch):
     from paraseek.index.milvus_store import MilvusStore
 
@@ -714,6 +732,7 @@ def test_clean_stale_keeps_the_collection_of_a_build_that_begins_while_it_runs(m
     assert other.client.has_collection(other.collection(began[0]))
 
 
+@pytest.mark.quick
 def test_dropping_a_collection_another_writer_dropped_first_is_not_an_error(milvus_store, monkeypatch):
     from pymilvus import MilvusException
 
@@ -739,6 +758,7 @@ def test_dropping_a_collection_another_writer_dropped_first_is_not_an_error(milv
         milvus_store._drop_collection(name)  # still there: the failure is this writer's, not a race
 
 
+@pytest.mark.quick
 def test_a_staging_folder_is_never_taken_over(tmp_path):
     from paraseek.index.snapshot import begin_version, clean_stale_staging, staging_dir
 

@@ -4,7 +4,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from paraseek.index.builder import decoded_ahead
+
+pytestmark = pytest.mark.quick
 
 
 def test_decoded_ahead_keeps_order_and_computes_at_most_the_window_ahead():

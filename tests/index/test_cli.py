@@ -78,6 +78,7 @@ def test_a_default_hub_weight_writes_the_table_before_the_version_is_published(e
     assert again.exit_code == 0 and "already written" in again.output
 
 
+@pytest.mark.quick
 def test_update_and_copy_publish_their_versions_with_a_table(env, starter_bank, monkeypatch):
     """Every command that publishes a version writes its table first: an update's version and a copy's."""
     monkeypatch.setenv("PARASEEK_DEFAULT_EXPANSION", HUB_DEFAULT)
@@ -142,6 +143,7 @@ def test_milvus_versions_are_published_with_their_table(env, starter_bank, monke
     np.testing.assert_allclose(table.bias, starter_bank.hub_bias(np.load(env / "v.npy")[table.ids]), rtol=1e-5)
 
 
+@pytest.mark.quick
 def test_a_refused_table_leaves_update_and_copy_unwritten(env, monkeypatch):
     assert build(env).exit_code == 0
     before = manifest_of(env)["version"]
@@ -155,6 +157,7 @@ def test_a_refused_table_leaves_update_and_copy_unwritten(env, monkeypatch):
     assert r.exit_code == 2 and "manifest.json is missing" in r.output and not (env / "copy").exists()
 
 
+@pytest.mark.quick
 def test_no_default_hub_weight_writes_no_table_unless_asked(env, starter_bank):
     r = build(env)
     assert r.exit_code == 0, r.output
@@ -164,6 +167,7 @@ def test_no_default_hub_weight_writes_no_table_unless_asked(env, starter_bank):
     assert table_path(env, manifest_of(env), starter_bank).is_file()
 
 
+@pytest.mark.quick
 def test_a_hub_table_without_its_bank_is_refused_before_the_build(env, monkeypatch):
     monkeypatch.setenv("PARASEEK_CAPTION_BANK", str(env / "no-bank"))
     r = build(env, "--hub-table")
@@ -179,6 +183,7 @@ def test_a_hub_table_without_its_bank_is_refused_before_the_build(env, monkeypat
     assert r.exit_code == 2 and "manifest.json is missing" in r.output
 
 
+@pytest.mark.quick
 def test_a_folder_that_refuses_the_table_is_said_and_the_version_still_published(env, monkeypatch):
     """The CLI's job is the file: where PARASEEK_HUB_TABLES cannot hold it, the user is told (a server would
     only log it), a build still publishes (servers then compute the table) and `index hub-table` fails."""
@@ -194,6 +199,7 @@ def test_a_folder_that_refuses_the_table_is_said_and_the_version_still_published
     assert r.exit_code == 2 and f"hub table of {version} not written to {refusing}" in r.output
 
 
+@pytest.mark.quick
 def test_a_bank_of_another_image_space_is_not_the_versions(env, monkeypatch):
     r = build(env, "--hub-table", "--image-space", "another/space")
     assert r.exit_code == 2 and "image space" in r.output and not (env / "snap").exists()
@@ -318,6 +324,7 @@ def test_a_rollback_is_served_with_its_table(env, starter_bank, monkeypatch):
             time.sleep(0.1)
 
 
+@pytest.mark.quick
 def test_activate_with_hub_table_writes_a_missing_table_first(env, starter_bank, monkeypatch):
     assert build(env).exit_code == 0 and build(env).exit_code == 0
     first, _ = (v["version"] for v in versions_of(env))

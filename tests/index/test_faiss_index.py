@@ -11,6 +11,9 @@ from paraseek.index import faiss_index
 from paraseek.index.faiss_index import IndexSpec, gpu_search_works, to_search_device
 
 
+pytestmark = pytest.mark.quick
+
+
 @pytest.fixture
 def one_fake_gpu(monkeypatch):
     """FAISS reports one GPU; placing an index on it hands back the index marked as moved."""

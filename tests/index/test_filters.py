@@ -1,8 +1,11 @@
 """FilterColumns: each column is parsed from the rows once, by the first filter that needs it."""
 
 import numpy as np
+import pytest
 
 from paraseek.index.filters import FILTERED_EF_MAX, FilterColumns, SearchFilter, widened_ef, widened_nprobe
+
+pytestmark = pytest.mark.quick
 
 
 class CountingRows:

@@ -13,6 +13,9 @@ from paraseek.index.snapshot import FaissStore, Snapshot
 from tests.index.test_memory_mapped import build, clustered
 
 
+pytestmark = pytest.mark.quick
+
+
 def test_the_shipped_graph_is_the_one_scan_model_writes():
     assert SCAN_MODEL.read_bytes() == scan_model()
 
@@ -40,7 +43,8 @@ def test_scan_answers_as_faiss_flat():
 def test_no_scan_without_rows_or_a_gpu_or_when_told_not_to(monkeypatch):
     rows = clustered(100, 8)
     assert exact_scan_for(None) is None
-    assert exact_scan_for(rows) is None  # this onnxruntime has no CUDA provider
+    monkeypatch.setattr(gpu_scan, "gpu_provider", lambda: None)  # an onnxruntime without a CUDA provider
+    assert exact_scan_for(rows) is None
     monkeypatch.setattr(gpu_scan, "gpu_provider", lambda: "CPUExecutionProvider")
     assert exact_scan_for(rows, use_gpu=False) is None
     assert isinstance(exact_scan_for(rows), ExactScan)
@@ -57,6 +61,7 @@ def test_a_scan_that_fails_to_start_leaves_the_cpu_searching(monkeypatch, caplog
 
 def test_a_flat_snapshot_searches_through_the_scan_where_one_starts(tmp_path, monkeypatch):
     root = build(tmp_path, "flat", n=2000)
+    monkeypatch.setattr(gpu_scan, "gpu_provider", lambda: None)  # as on a host without a GPU provider
     plain = Snapshot.load(root)
     monkeypatch.setattr(gpu_scan, "gpu_provider", lambda: "CPUExecutionProvider")
     scanned = FaissStore(root).load()

@@ -7,6 +7,9 @@ import pytest
 from paraseek.index.image_sources import OUTSIDE, open_source
 
 
+pytestmark = pytest.mark.quick
+
+
 @pytest.fixture()
 def tree(tmp_path):
     """photos/ with a plain file, links to files and folders inside and outside it; secret/ beside it."""

@@ -73,6 +73,7 @@ def test_the_store_follows_the_setting(tmp_path):
     assert not FaissStore(build(tmp_path / "hnsw", "hnsw")).load().memory_mapped  # a graph is held in memory
 
 
+@pytest.mark.quick
 def test_a_snapshot_of_the_older_layout_still_loads(tmp_path):
     """IVF snapshots written before this release wrap the index in IndexIDMap2."""
     root = build(tmp_path, "ivf_flat")
@@ -93,6 +94,7 @@ def test_a_snapshot_of_the_older_layout_still_loads(tmp_path):
     np.testing.assert_array_equal(before[1], after[1])
 
 
+@pytest.mark.quick
 def test_metadata_that_disagrees_with_the_ids_is_refused_at_load(tmp_path):
     root = build(tmp_path, "ivf_flat", n=300)
     path = resolve(root) / "metadata.jsonl"

@@ -10,6 +10,9 @@ from paraseek.index.faiss_index import IdRows
 from paraseek.index.metadata_file import MetadataFile, MetadataRowError, line_starts
 
 
+pytestmark = pytest.mark.quick
+
+
 def write_rows(path, ids, trailing_newline=True):
     text = "\n".join(json.dumps({"id": int(i), "caption": f"photo {i}", "fields": {"n": int(i) % 3}}) for i in ids)
     path.write_text(text + ("\n" if trailing_newline else ""))

@@ -20,6 +20,9 @@ from tests.index.test_memory_mapped import build, clustered
 
 # the int8 copy is refused where onnxruntime's int8 product is not exact (x86 without VNNI): its tests run where
 # it is, and the refusal is tested everywhere
+pytestmark = pytest.mark.quick
+
+
 needs_exact_int8 = pytest.mark.skipif(not int8_products_exact(), reason="onnxruntime's int8 product saturates on this CPU")
 CODECS = [pytest.param("int8", marks=needs_exact_int8), "fp16"]
 

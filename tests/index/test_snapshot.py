@@ -33,6 +33,7 @@ def test_build_publishes_current_with_manifest(val_snapshot, starter_encoder):
     assert result.skipped == []
 
 
+@pytest.mark.quick
 def test_metadata_carries_coco_fields(val_snapshot):
     snap = Snapshot.load(val_snapshot[0])
     row = snap.metadata[397133]
@@ -52,11 +53,13 @@ def test_captions_find_their_photo(val_snapshot, starter_encoder, coco_val):
     assert [h.rank for h in hits] == [1, 2, 3] and hits[0].score >= hits[1].score >= hits[2].score
 
 
+@pytest.mark.quick
 def test_image_space_mismatch_refused(val_snapshot):
     with pytest.raises(SnapshotError, match="reindex with this bundle"):
         Snapshot.load(val_snapshot[0], image_space="open_clip/ViT-B-32/openai")
 
 
+@pytest.mark.quick
 def test_corrupt_snapshot_detected(val_snapshot, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(val_snapshot[0], root)
@@ -73,6 +76,7 @@ def test_corrupt_snapshot_detected(val_snapshot, tmp_path):
         Snapshot.load(root)
 
 
+@pytest.mark.quick
 def test_a_load_hashes_only_what_changed_and_index_verify_hashes_everything(val_snapshot, tmp_path, monkeypatch):
     """Copied files are hashed once at their first load (new inodes), then taken as verified while
     unchanged; a change that keeps every stat field (bit rot) passes a load but not ``index verify``."""
@@ -110,6 +114,7 @@ def test_a_load_hashes_only_what_changed_and_index_verify_hashes_everything(val_
     assert r.exit_code == 0 and f"version {version.name}: matches its manifest" in r.output, r.output
 
 
+@pytest.mark.quick
 def test_bad_files_are_skipped_and_reported(starter_encoder, shared_data, tmp_path):
     src = tmp_path / "photos"
     (src / "sub").mkdir(parents=True)
@@ -130,6 +135,7 @@ def test_bad_files_are_skipped_and_reported(starter_encoder, shared_data, tmp_pa
     assert np.array_equal(np.sort(Snapshot.load(again.version_dir).ids), np.sort(Snapshot.load(result.version_dir).ids))
 
 
+@pytest.mark.quick
 def test_empty_and_undecodable_sources(starter_encoder, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ImageSourceError, match="contains no images"):
@@ -223,6 +229,7 @@ def test_tiny_open_clip_bundle_indexes(tiny_clip, shared_data, tmp_path):
     assert len(hits) == 5 and len({h.id for h in hits}) == 5
 
 
+@pytest.mark.quick
 def test_stale_staging_folders_are_cleaned_but_live_ones_kept(tmp_path):
     import json
     import os

@@ -30,6 +30,7 @@ from paraseek.index.unchanged_images import (
 BOTH_BACKENDS = True
 
 
+@pytest.mark.quick
 def test_file_stamp_changes_with_a_rewrite_and_is_none_for_a_missing_file(tmp_path):
     f = tmp_path / "a.jpg"
     f.write_bytes(b"abc")
@@ -41,6 +42,7 @@ def test_file_stamp_changes_with_a_rewrite_and_is_none_for_a_missing_file(tmp_pa
     assert file_stamp(tmp_path / "missing.jpg") is None
 
 
+@pytest.mark.quick
 def test_file_digest_is_the_digest_of_the_bytes_read(tmp_path):
     f = tmp_path / "a.jpg"
     f.write_bytes(b"abc")
@@ -50,6 +52,7 @@ def test_file_digest_is_the_digest_of_the_bytes_read(tmp_path):
     assert file_digest(tmp_path / "missing.jpg") is None and file_digest(tmp_path) is None  # a folder cannot be read
 
 
+@pytest.mark.quick
 def test_source_digests_stopped_midway_hash_no_further_chunks(tmp_path, monkeypatch):
     from paraseek.index import unchanged_images
     from paraseek.index.image_sources import open_source
@@ -81,6 +84,7 @@ def test_source_digests_stopped_midway_hash_no_further_chunks(tmp_path, monkeypa
     assert 1 <= len(hashed) <= 20  # the first chunk and the few begun while it stopped, not all 40 first
 
 
+@pytest.mark.quick
 def test_inputs_digest_changes_with_anything_a_build_reads():
     records = [ImageRecord(1, "a.jpg", captions=["a dog"]), ImageRecord(2, "b.jpg", license={"name": "cc-by"})]
     stamps = [[10, 1_000], [20, 2_000]]
@@ -143,6 +147,7 @@ def vectors_by_id(store) -> dict[int, np.ndarray]:
         snap.close()
 
 
+@pytest.mark.quick
 def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_encoder, counted_encodes, shared_data,
                                                        tmp_path, request):
     store = store_for(backend, tmp_path, request)
@@ -191,6 +196,7 @@ def test_a_rebuild_encodes_only_new_and_changed_photos(backend, photos, starter_
         snap.close()
 
 
+@pytest.mark.quick
 def test_moved_renamed_and_copied_photos_are_found_by_their_bytes(backend, photos, starter_encoder, counted_encodes,
                                                                   tmp_path, request):
     store = store_for(backend, tmp_path, request)
@@ -221,6 +227,7 @@ def test_moved_renamed_and_copied_photos_are_found_by_their_bytes(backend, photo
                for row in rows)
 
 
+@pytest.mark.quick
 def test_a_rebuild_with_nothing_changed_keeps_the_current_version(backend, photos, starter_encoder, counted_encodes,
                                                                   shared_data, tmp_path, request):
     store = store_for(backend, tmp_path, request)
@@ -274,6 +281,7 @@ def contents_by_row(store) -> tuple[list[np.ndarray], list[dict]]:
         snap.close()
 
 
+@pytest.mark.quick
 def test_no_reuse_across_image_towers_or_when_asked_not_to(photos, starter_encoder, counted_encodes, tmp_path):
     root = tmp_path / "snap"
     build_snapshot(photos, starter_encoder, root, progress=False)
@@ -294,6 +302,7 @@ def test_no_reuse_across_image_towers_or_when_asked_not_to(photos, starter_encod
     assert build_snapshot(photos, unknown, root, progress=False).report["reused"] == 0 and sum(counted_encodes) == 6
 
 
+@pytest.mark.quick
 def test_an_update_with_another_tower_leaves_nothing_to_reuse(photos, starter_encoder, shared_data, counted_encodes,
                                                               tmp_path):
     root = tmp_path / "snap"
@@ -310,6 +319,7 @@ def test_an_update_with_another_tower_leaves_nothing_to_reuse(photos, starter_en
     assert sum(counted_encodes) == 6
 
 
+@pytest.mark.quick
 def test_photos_in_tar_shards_are_reused_and_found_by_their_bytes_when_their_shard_changes(photos, starter_encoder,
                                                                                            counted_encodes, tmp_path):
     shards = tmp_path / "shards"
@@ -344,6 +354,7 @@ def test_photos_in_tar_shards_are_reused_and_found_by_their_bytes_when_their_sha
     assert (last.report["reused"], last.report["encoded"]) == (5, 1) and sum(counted_encodes) == 1
 
 
+@pytest.mark.quick
 def test_a_current_version_that_fails_its_checksums_is_not_reused_and_the_build_goes_on(photos, starter_encoder,
                                                                                         counted_encodes, tmp_path, caplog):
     root = tmp_path / "snap"
@@ -369,6 +380,7 @@ def write_tar_shard(path, named_bytes: dict[str, bytes]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+@pytest.mark.quick
 def test_record_digest_is_the_digest_of_a_file_or_of_its_tar_member(tmp_path):
     (tmp_path / "a.jpg").write_bytes(b"file bytes")
     write_tar_shard(tmp_path / "s.tar", {"00001.jpg": b"member one", "00002.jpg": b"member two"})
@@ -394,6 +406,7 @@ def same_size_other_photo(path) -> None:
     assert file_stamp(path) == [size, mtime]
 
 
+@pytest.mark.quick
 def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, photos, starter_encoder, counted_encodes,
                                                                       tmp_path, request):
     store = store_for(backend, tmp_path, request)
@@ -432,6 +445,7 @@ def test_a_checksum_build_finds_a_photo_replaced_under_the_same_stamp(backend, p
     assert counted_encodes == [] and touched.manifest.version != rebuilt.manifest.version
 
 
+@pytest.mark.quick
 def test_a_checksum_build_finds_a_photo_that_could_not_be_decoded_replaced_under_its_stamp(
         backend, photos, starter_encoder, counted_encodes, tmp_path, request, shared_data):
     """A file the version skipped (it did not decode) holds no row to compare, so its bytes are recorded in
@@ -463,6 +477,7 @@ def test_a_checksum_build_finds_a_photo_that_could_not_be_decoded_replaced_under
     assert (repaired.report["reused"], repaired.report["encoded"]) == (6, 1) and sum(counted_encodes) == 1
 
 
+@pytest.mark.quick
 def test_a_checksum_build_compares_tar_members_by_their_bytes(photos, starter_encoder, counted_encodes, tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()

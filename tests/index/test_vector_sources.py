@@ -43,6 +43,7 @@ def write_shards(folder: Path, sizes=(40, 35, 25), dim=16, seed=0, first_id=1000
     return np.concatenate(all_vectors)
 
 
+@pytest.mark.quick
 def test_shards_build_a_searchable_snapshot(tmp_path):
     vectors = write_shards(tmp_path / "emb")
     result = build_snapshot_from_vectors(tmp_path / "emb", tmp_path / "snap", image_space=SPACE, progress=False)
@@ -57,6 +58,7 @@ def test_shards_build_a_searchable_snapshot(tmp_path):
         Snapshot.load(tmp_path / "snap", image_space="another/space")
 
 
+@pytest.mark.quick
 def test_export_then_build_gives_identical_results(tmp_path):
     write_shards(tmp_path / "emb", sizes=(60, 60))
     build_snapshot_from_vectors(tmp_path / "emb", tmp_path / "a", image_space=SPACE, progress=False,
@@ -74,6 +76,7 @@ def test_export_then_build_gives_identical_results(tmp_path):
     assert b.metadata[1005] == a.metadata[1005]  # metadata makes the round trip too
 
 
+@pytest.mark.quick
 def test_clip_retrieval_layout_is_read_as_it_is(tmp_path):
     """img_emb/img_emb_{i}.npy + metadata/metadata_{i}.parquet, the columns clip-retrieval writes."""
     pa = pytest.importorskip("pyarrow")
@@ -107,6 +110,7 @@ def test_clip_retrieval_layout_is_read_as_it_is(tmp_path):
     ("missing row", "shard part_001.npy: 35 vectors but 34 metadata rows"),
     ("norm", "shard part_000.npy row 0: norm 2.0000"),
 ])
+@pytest.mark.quick
 def test_bad_shards_name_shard_and_row_and_leave_current(tmp_path, breakage, message):
     write_shards(tmp_path / "emb")
     build_snapshot_from_vectors(tmp_path / "emb", tmp_path / "snap", image_space=SPACE, progress=False)
@@ -138,6 +142,7 @@ def test_bad_shards_name_shard_and_row_and_leave_current(tmp_path, breakage, mes
     assert r.exit_code == 2 and message.split(":")[0] in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.quick
 def test_normalize_flag_accepts_unnormalised_vectors(tmp_path):
     rng = np.random.default_rng(0)
     np.save(tmp_path / "v.npy", rng.normal(size=(30, 16)).astype(np.float32) * 3)
@@ -149,6 +154,7 @@ def test_normalize_flag_accepts_unnormalised_vectors(tmp_path):
     assert Snapshot.load(tmp_path / "snap").ids.tolist() == list(range(30))  # no metadata: row numbers
 
 
+@pytest.mark.quick
 def test_cli_needs_one_source_and_an_image_space(tmp_path, monkeypatch):
     monkeypatch.setenv("PARASEEK_HOME", str(tmp_path / "home"))
     write_shards(tmp_path / "emb")

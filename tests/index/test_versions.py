@@ -1,6 +1,11 @@
 """``index.versions``: which version a rollback returns to, and which versions pruning may remove."""
 
+import pytest
+
 from paraseek.index.versions import rollback_version, versions_to_prune
+
+pytestmark = pytest.mark.quick
+
 
 V = [f"v000{i}" for i in range(1, 6)]
 

@@ -13,6 +13,7 @@ from paraseek.index.faiss_index import IndexSpec
 from paraseek.loadtests import bench_blas_kernel
 
 
+@pytest.mark.quick
 def test_kernel_env_names_what_each_kernel_sets():
     assert bench_blas_kernel.kernel_env("paraseek") == {}  # unset: paraseek's choice
     assert bench_blas_kernel.kernel_env("openblas") == {"OPENBLAS_CORETYPE": ""}  # OpenBLAS's own detection
@@ -35,6 +36,7 @@ def test_a_kernel_process_loads_faiss_on_its_kernel_and_rates_every_batch(shared
     assert all(rate > 0 for rate in measured["rates"].values())
 
 
+@pytest.mark.quick
 def test_the_benchmark_refuses_a_kernel_set_outside_it(monkeypatch):
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     with pytest.raises(SystemExit):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from paraseek.cli import app
@@ -27,9 +28,21 @@ def test_cpu_rows_for_each_precision_and_the_index(starter_bundle, shared_data, 
     index = {line.split()[1]: line.split() for line in out.splitlines() if line.strip().startswith("3000 ")}
     assert set(index) == {"flat", "ivf_flat"} and float(index["flat"][-1]) == 1.0
     assert 0.5 <= float(index["ivf_flat"][-1]) <= 1.0
-    assert "no GPU rows: nothing to compare (CPU only here)" in out
+    # a host with a GPU adds its rows and their ratios to the CPU's; one without says there are none
+    from paraseek.core.encoder import GPU_PROVIDERS, choose_providers
+    from paraseek.index.faiss_index import gpu_count
+
+    gpu_providers = [p.removesuffix("ExecutionProvider") for p in choose_providers() if p in GPU_PROVIDERS]
+    encoder_ratios = [line for line in out.splitlines() if line.startswith("encoder ") and " / CPU " in line]
+    assert [line.split()[1] for line in encoder_ratios] == [p for p in gpu_providers for _ in rows]
+    if not gpu_providers and gpu_count() == 0:
+        assert "no GPU rows: nothing to compare (CPU only here)" in out
+    else:
+        assert "no GPU rows" not in out and any(line.startswith("search ") for line in out.splitlines()) == bool(
+            gpu_count() or gpu_providers)
 
 
+@pytest.mark.quick
 def test_ratios_compare_the_same_precision_and_index():
     enc = [{"provider": "CUDA", "precision": "fp16", "b1_ms": 1.0, "b256_per_s": 5000.0},
            {"provider": "CPU", "precision": "fp16", "b1_ms": 2.0, "b256_per_s": 500.0},

@@ -27,7 +27,7 @@ def test_steps_of_each_batch_size_and_the_run_they_project(shared_data, tmp_path
     (tmp_path / "sets.tsv").write_text("\n".join(lines[:151]) + "\n")  # header + 150 captions: about 30 text sets
     work = tmp_path / "work"
     argv = ["--model", "tiny-clip", "--model-config", str(TINY_CLIP_CONFIG), "--batch-sizes", "4", "8", "--encode-chunks", "2", "0",
-            "--token-cache", "on", "off", "--steps", "2",
+            "--token-cache", "on", "off", "--steps", "2", "--device", "cpu",  # the CPU's rows on any host
             "--warmup", "1", "--max-photos", "20", "--max-bank", "100", "--photos", "1000",
             "--set", f"data.text_captions={tmp_path / 'sets.tsv'}", "--set", "data.text_per_batch=3",
             "--set", "objective.preserve_per_batch=5", "--work", str(work), "--json", str(tmp_path / "r.json")]
@@ -59,11 +59,13 @@ def test_steps_of_each_batch_size_and_the_run_they_project(shared_data, tmp_path
     assert len(photos.captions) == 20 and all(len(g) >= 2 for g in photos.captions)
 
 
+@pytest.mark.quick
 def test_texts_per_step_counts_each_photo_and_text_set_three_times_and_the_held_sentences():
     assert bench_training.texts_per_step(80, 18_000, 64, 1024, 256) == 3 * (80 + 256) + 64  # fewer photos than a batch
     assert bench_training.texts_per_step(5000, 10, 0, 1024, 256) == 3 * (1024 + 10)
 
 
+@pytest.mark.quick
 def test_a_recipe_without_a_bank_anchor_is_refused(shared_data, tmp_path, capsys):
     argv = ["--recipe", "paraclip-vitb32", "--model", "tiny-clip", "--model-config", str(TINY_CLIP_CONFIG),
             "--work", str(tmp_path)]

@@ -5,6 +5,9 @@ import pytest
 from paraseek.loadtests.compare_infinity import one_pass, summarize, unique_captions
 
 
+pytestmark = pytest.mark.quick
+
+
 def _row(server, precision, rnd, c1_p50, rps8, rps32, p99=10.0):
     level = lambda rps: {"n": 100, "failures": 0, "rps": rps, "p50_ms": 5.0, "p99_ms": p99}  # noqa: E731
     return {"round": rnd, "server": server, "precision": precision,

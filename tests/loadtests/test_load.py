@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from paraseek.cli import app
@@ -64,6 +65,7 @@ def test_a_run_where_no_request_completes_fails_without_latencies(tmp_path):
     assert summary["requests"] == 0 and summary["p50_ms"] is None
 
 
+@pytest.mark.quick
 def test_no_service_is_a_clear_error(tmp_path):
     r = CliRunner().invoke(app, ["bench", "load", "--url", "http://127.0.0.1:9", "--duration", "1", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "no paraseek service" in r.output

@@ -2,7 +2,12 @@
 
 import os
 
+import pytest
+
 from paraseek.loadtests.machine import cpu_description
+
+pytestmark = pytest.mark.quick
+
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 9654 96-Core Processor
@@ -32,13 +37,18 @@ def test_the_accelerator_line_names_providers_and_faiss_gpus(monkeypatch):
 
     import onnxruntime as ort
 
+    from paraseek.index import faiss_index
     from paraseek.loadtests.machine import gpu_description
 
     monkeypatch.setattr(shutil, "which", lambda name: None)  # a host without NVIDIA's driver tools
+    monkeypatch.setattr(faiss_index, "gpu_count", lambda: 0)  # and a faiss that sees no GPU
     line = gpu_description()
     assert line.startswith("GPUs: no nvidia-smi; ")
     assert f"onnxruntime {ort.__version__} providers: " in line and "CPU" in line
     assert line.endswith("faiss GPUs: 0")
+    monkeypatch.setattr(faiss_index, "gpu_count", lambda: 2)
+    monkeypatch.setattr(faiss_index, "gpu_search_works", lambda: False)
+    assert gpu_description().endswith("faiss GPUs: 2 (a search on them fails: CPU)")
 
 
 def test_cpu_clock_counts_a_process_that_computes_and_not_one_that_sleeps():

@@ -27,6 +27,7 @@ def exported_names() -> set[str]:
     return {family.name + suffix for family in ServiceMetrics().registry.collect() for suffix in SUFFIXES.get(family.type, [""])}
 
 
+@pytest.mark.quick
 def test_dashboard_json_is_well_formed_and_reads_only_exported_metrics():
     dashboard = json.loads(DASHBOARD.read_text())
     assert DASHBOARD.resolve() == (ROOT / "deploy/k8s/base/grafana/paraseek-dashboard.json").resolve()

@@ -1,6 +1,11 @@
 """loadtests/pareto.py: reading the tables of record and the front."""
 
+import pytest
+
 from paraseek.loadtests.pareto import Point, main, pareto_front, read_points
+
+pytestmark = pytest.mark.quick
+
 
 TABLES = """# a results file
 

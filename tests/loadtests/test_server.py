@@ -8,6 +8,9 @@ import pytest
 from paraseek.loadtests.server import ServerNotReady, start_server
 
 # a stand-in checkout: its `paraseek serve` answers /readyz and says which file it runs from
+pytestmark = pytest.mark.quick
+
+
 FAKE_CLI = textwrap.dedent('''
     import argparse, json
     from http.server import BaseHTTPRequestHandler, HTTPServer

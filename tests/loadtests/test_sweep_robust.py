@@ -2,8 +2,12 @@
 
 from pathlib import Path
 
+import pytest
+
 from paraseek.loadtests.sweep_robust import shared_paraphrases
 from paraseek.training.recipe import ParaphraseSpec
+
+pytestmark = pytest.mark.quick
 
 
 def test_runs_share_rewrites_only_when_they_make_them_the_same_way(tmp_path):

@@ -4,6 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
+
 RUN = """
 import sys
 from pathlib import Path

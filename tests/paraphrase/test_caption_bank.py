@@ -25,6 +25,7 @@ class FakeEncoder:
 TEXTS = ["a cat", "a dog on a mat", "bananas", "tree", "the sea"]
 
 
+@pytest.mark.quick
 def test_build_load_and_neighbours(tmp_path):
     enc = FakeEncoder()
     bank = CaptionBank.build(enc, TEXTS, tmp_path / "bank", texts_source="test")
@@ -44,12 +45,14 @@ def test_build_load_and_neighbours(tmp_path):
     (FakeEncoder(version="2"), "not by fake v2"),
     (FakeEncoder(image_space="space-b"), "image space 'space-a', the bundle in 'space-b'"),
 ])
+@pytest.mark.quick
 def test_a_bank_of_another_encoder_is_refused(tmp_path, other, message):
     CaptionBank.build(FakeEncoder(), TEXTS, tmp_path / "bank")
     with pytest.raises(CaptionBankError, match=message):
         CaptionBank.load(tmp_path / "bank", other)
 
 
+@pytest.mark.quick
 def test_missing_or_inconsistent_bank_is_a_clear_error(tmp_path):
     with pytest.raises(CaptionBankError, match="manifest.json is missing"):
         CaptionBank.load(tmp_path / "nothing", FakeEncoder())
@@ -59,6 +62,7 @@ def test_missing_or_inconsistent_bank_is_a_clear_error(tmp_path):
         CaptionBank.load(tmp_path / "bank", FakeEncoder())
 
 
+@pytest.mark.quick
 def test_caption_files(tmp_path):
     (tmp_path / "c.txt").write_text("a cat\n\n  a cat \nbananas\n")
     assert read_caption_texts(tmp_path / "c.txt") == ["a cat", "bananas"]
@@ -72,6 +76,7 @@ def test_caption_files(tmp_path):
         read_caption_texts(tmp_path / "bad.tsv")
 
 
+@pytest.mark.quick
 def test_the_shipped_bank_leaves_the_evaluation_data_out(shared_data):
     """Its captions must not include the evaluation gallery's own captions or the CxC pairs."""
     import csv
@@ -86,6 +91,7 @@ def test_the_shipped_bank_leaves_the_evaluation_data_out(shared_data):
     assert not bank & ({r["caption1"].strip().lower() for r in rows} | {r["caption2"].strip().lower() for r in rows})
 
 
+@pytest.mark.quick
 def test_keep_first_serves_the_plain_head_then_the_expanded_order_without_repeats():
     from paraseek.paraphrase.expansions import KeepFirst
 
@@ -105,6 +111,7 @@ def test_keep_first_serves_the_plain_head_then_the_expanded_order_without_repeat
     assert KeepFirst(1, 7, 0.3).label == "keep1in7@0.3" and KeepFirst(1).label == "keep1"
 
 
+@pytest.mark.quick
 def test_mean_shift_rounds_bring_rephrasings_together(starter_bank, starter_encoder, shared_data):
     """Bank expansion brings two captions of one photo nearer each other, and so does every further round
     (the mean cosine of 60 CxC dev pairs, plain starter, a 400-caption bank); each round moves the
@@ -190,6 +197,7 @@ def test_default_bank_takes_shipped_vectors_only_where_the_encoder_agrees(starte
     assert calls == [len(texts)]
 
 
+@pytest.mark.quick
 def test_default_bank_installs_the_shipped_query_head_now_and_on_a_bank_written_before_it(
         starter_encoder, small_default_texts, tmp_path):
     from paraseek.paraphrase.caption_bank import default_bank, shipped_head_path, shipped_vectors_path
@@ -211,6 +219,7 @@ def test_default_bank_installs_the_shipped_query_head_now_and_on_a_bank_written_
     np.testing.assert_allclose(upgraded.head(q), fresh.head(q))
 
 
+@pytest.mark.quick
 def test_a_default_bank_embedded_here_gets_the_shipped_head_learnt_from_a_teacher(starter_encoder, small_default_texts,
                                                                                   tmp_path):
     """The plain starter's case: the package ships no vectors for the bundle, only a head learnt from a
@@ -229,6 +238,7 @@ def test_a_default_bank_embedded_here_gets_the_shipped_head_learnt_from_a_teache
     np.testing.assert_allclose(CaptionBank.load(bank.path, starter_encoder).head(q), taught(q), atol=1e-2)  # float16
 
 
+@pytest.mark.quick
 def test_a_default_bank_holding_a_replaced_shipped_head_gets_the_new_one_and_a_users_head_stays(
         starter_encoder, small_default_texts, tmp_path, monkeypatch):
     """An upgrade that ships a new head replaces the old shipped one in a home's default bank at the next
@@ -258,6 +268,7 @@ def test_a_default_bank_holding_a_replaced_shipped_head_gets_the_new_one_and_a_u
     assert default_bank(tmp_path / "home", starter_encoder).head.digest == mine.digest
 
 
+@pytest.mark.quick
 def test_the_configured_bank_is_the_setting_else_the_bundles_default_bank(tmp_path):
     from paraseek.core.settings import Settings
     from paraseek.paraphrase.caption_bank import bank_dir, configured_bank_dir
@@ -268,6 +279,7 @@ def test_the_configured_bank_is_the_setting_else_the_bundles_default_bank(tmp_pa
     assert configured_bank_dir(Settings(home=tmp_path, caption_bank=tmp_path / "mine"), bundle) == tmp_path / "mine"
 
 
+@pytest.mark.quick
 def test_confident_lead_puts_the_second_towers_first_answer_on_top_only_past_its_margin():
     from paraseek.paraphrase.expansions import ConfidentLead
 
@@ -282,6 +294,7 @@ def test_confident_lead_puts_the_second_towers_first_answer_on_top_only_past_its
     assert ConfidentLead(0.035).label == "lead0.035" and ConfidentLead(0.0).label == "lead0" and ConfidentLead(0.0)
 
 
+@pytest.mark.quick
 def test_hub_bias_is_the_soft_maximum_of_an_images_cosines_to_the_bank(tmp_path, monkeypatch):
     """temperature x log-sum-exp of the cosines over temperature, computed one bank chunk at a time: the same
     with chunks of 2 rows as in one product, and finite at a temperature that overflows a plain exp."""
@@ -304,6 +317,7 @@ def test_hub_bias_is_the_soft_maximum_of_an_images_cosines_to_the_bank(tmp_path,
     np.testing.assert_allclose(bank.hub_bias(bank.vectors[:2], 0.001), [1.0, 1.0], atol=0.01)
 
 
+@pytest.mark.quick
 def test_hub_correction_reorders_each_list_by_its_corrected_scores():
     from paraseek.paraphrase.expansions import HUB_SHORTLIST, HubCorrection
 

@@ -21,6 +21,9 @@ from paraseek.paraphrase.hub_table import (
 )
 
 
+pytestmark = pytest.mark.quick
+
+
 def unit_rows(rng, n, dim):
     v = rng.normal(size=(n, dim)).astype(np.float32)
     return v / np.linalg.norm(v, axis=1, keepdims=True)

@@ -15,6 +15,7 @@ def wordnet(shared_data, monkeypatch):
     return WordNetSource()
 
 
+@pytest.mark.quick
 def test_substitution_variants_keep_stopwords_and_punctuation():
     alts = {"dog": ["puppy", "hound"], "beach": ["shore"]}
     out = substitution_variants("A dog on the beach.", lambda w: alts.get(w, []), 3)
@@ -23,6 +24,7 @@ def test_substitution_variants_keep_stopwords_and_punctuation():
     assert substitution_variants("on the", lambda w: ["x"], 2) == []
 
 
+@pytest.mark.quick
 def test_wordnet_offers_only_the_more_usual_wording_of_the_main_sense(wordnet):
     assert wordnet.synonyms("kid") == ["child"]  # SemCor: child 148, kid 53
     assert wordnet.synonyms("automobile") == ["car"]
@@ -34,6 +36,7 @@ def test_wordnet_offers_only_the_more_usual_wording_of_the_main_sense(wordnet):
     assert out[0] == "A child in an car" and len(out) == 2 and "A kid in an automobile" not in out
 
 
+@pytest.mark.quick
 def test_wordnet_is_safe_under_concurrent_requests(wordnet):
     """The service calls it from several threads at once (NLTK's reader alone is not thread-safe)."""
     words = ["kid", "automobile", "photo", "airplane", "phone", "forest", "bathtub", "shop", "big", "someone"] * 3
@@ -45,6 +48,7 @@ def test_wordnet_is_safe_under_concurrent_requests(wordnet):
     assert all(len(r) == 2 and all(p != t for p in r) for r, t in zip(results, texts))
 
 
+@pytest.mark.quick
 def test_unconfigured_sources_say_so(tmp_path):
     from paraseek.paraphrase.llm import ChatClient
     from paraseek.paraphrase.ppdb import PPDBSource
@@ -57,6 +61,7 @@ def test_unconfigured_sources_say_so(tmp_path):
         ChatClient(None, None)
 
 
+@pytest.mark.quick
 def test_ppdb_drops_inflections(shared_data):
     from paraseek.paraphrase.ppdb import PPDBSource
 
@@ -65,6 +70,7 @@ def test_ppdb_drops_inflections(shared_data):
     assert syn and "dogs" not in syn
 
 
+@pytest.mark.quick
 def test_ppdb_rewrites_only_toward_more_usual_caption_wording(shared_data):
     from paraseek.paraphrase.caption_bank import caption_word_counts
     from paraseek.paraphrase.ppdb import PPDBSource
@@ -108,6 +114,7 @@ def test_wordnet_general_sentences_are_its_usage_examples_and_glosses(wordnet, t
     _general_sentences.cache_clear()
 
 
+@pytest.mark.quick
 def test_wordnet_general_sentences_are_given_where_they_cannot_be_cached(wordnet, tmp_path, monkeypatch):
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
 

@@ -13,6 +13,9 @@ from paraseek.paraphrase.query_head import HEAD_FILE, HeadTraining, QueryHead, Q
 from tests.paraphrase.test_caption_bank import TEXTS, FakeEncoder
 
 
+pytestmark = pytest.mark.quick
+
+
 def random_head(dim=4, hidden=6, layers=1, seed=0, scale=0.5) -> QueryHead:
     rng = np.random.default_rng(seed)
     widths = [dim] + [hidden] * layers + [dim]

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -184,14 +183,28 @@ def uvicorn_server(starter_bundle, shared_data, tmp_path):
 
 class _FakeChat(BaseHTTPRequestHandler):
     calls: list = []
+    answered = 0  # calls answered so far
     fail = False
-    delay = 0.0  # seconds before each answer: a slow endpoint
+    # a slow endpoint, under the test's control: calls past the first ``answer_first`` wait until the
+    # test sets ``release`` (30 s at most), so a test asserts what happened before they were answered
+    release = threading.Event()
+    answer_first = 0
+    held = False
+    lock = threading.Lock()
+
+    @classmethod
+    def hold(cls, answer_first: int = 0) -> None:
+        cls.held, cls.answer_first = True, answer_first
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        _FakeChat.calls.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
-        if _FakeChat.delay:
-            time.sleep(_FakeChat.delay)
+        with _FakeChat.lock:
+            _FakeChat.calls.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
+            hold = _FakeChat.held and len(_FakeChat.calls) > _FakeChat.answer_first
+        if hold:
+            _FakeChat.release.wait(30)
+        with _FakeChat.lock:
+            _FakeChat.answered += 1
         if _FakeChat.fail:
             self.send_response(503)
             self.end_headers()
@@ -216,11 +229,13 @@ class _FakeChat(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def fake_llm():
-    _FakeChat.calls = []
-    _FakeChat.fail = False
-    _FakeChat.delay = 0.0
+    """A fake OpenAI-compatible chat endpoint: ``handler.calls`` it received, ``handler.answered``;
+    ``handler.hold(answer_first=0)`` keeps later calls waiting until ``handler.release.set()``."""
+    _FakeChat.calls, _FakeChat.answered, _FakeChat.fail, _FakeChat.held = [], 0, False, False
+    _FakeChat.release = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeChat)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield {"url": f"http://127.0.0.1:{server.server_address[1]}/v1", "handler": _FakeChat}
+    _FakeChat.release.set()  # no call stays waiting on the test that is over
     server.shutdown()

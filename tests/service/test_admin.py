@@ -43,6 +43,7 @@ def test_admin_disabled_without_token(make_settings):
 
 @pytest.mark.parametrize("headers, status", [({}, 401), ({"Authorization": "Bearer wrong"}, 403),
                                               ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401)])
+@pytest.mark.quick
 def test_admin_requires_the_token(client, headers, status):
     assert client.post("/v1/admin/reindex", json={"source": "x"}, headers=headers).status_code == status
     assert client.get("/v1/admin/jobs/abc", headers=headers).status_code == status
@@ -259,6 +260,7 @@ def test_failed_reindex_keeps_old_snapshot(make_settings, snapshot_copy, tmp_pat
         assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "source"]
 
 
+@pytest.mark.quick
 def test_reindex_root_confines_sources(make_settings, snapshot_copy, tmp_path):
     with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=tmp_path / "allowed"))) as c:
         r = c.post("/v1/admin/reindex", json={"source": "/etc"}, headers=AUTH)
@@ -326,6 +328,7 @@ def test_reload_builds_its_encoder_from_the_same_settings(make_settings, starter
         assert enc.precision == "int8" and enc.spin is True and enc.threads == 1
 
 
+@pytest.mark.quick
 def test_default_roots_refuse_host_files_alike(client, tmp_path):
     """Without PARASEEK_REINDEX_ROOT, sources must lie under the serving snapshot's own source folder:
     anything else is 403, and a path that exists answers exactly like one that does not."""
@@ -343,6 +346,7 @@ def test_default_roots_refuse_host_files_alike(client, tmp_path):
     ("/v1/admin/reindex", {"source": "x", "images": "a\x00"}, "images"),
     ("/v1/admin/reload", {"bundle": "a\x00"}, "bundle"),
 ])
+@pytest.mark.quick
 def test_nul_bytes_in_admin_paths_are_422(make_settings, tmp_path, route, body, field):
     with TestClient(create_app(make_settings(reindex_root=tmp_path))) as c:
         r = c.post(route, json=body, headers=AUTH)  # JSON carries the NUL as \u0000
@@ -373,6 +377,7 @@ def test_symlink_out_of_the_root_is_not_indexed_or_served(make_settings, snapsho
         assert c.get(f"/v1/images/{only}").status_code == 404
 
 
+@pytest.mark.quick
 def test_every_member_of_a_shard_pattern_is_checked(make_settings, snapshot_copy, tmp_path):
     """A brace pattern is expanded and each shard checked: '{a,../../outside}' cannot leave the root."""
     root = tmp_path / "root"
@@ -496,6 +501,7 @@ def test_a_running_reindex_says_its_phase_and_writes_each_phase_at_once(make_set
     assert seen == ["hashing", "reusing", "encoding", "indexing"]
 
 
+@pytest.mark.quick
 def test_job_records_written_before_phases_still_load(tmp_path, make_settings):
     from paraseek.service.schemas import Job
 

@@ -80,6 +80,7 @@ def test_waiting_gives_up_at_its_timeout_and_the_job_goes_on(make_settings, snap
         assert admin.wait(job["id"], poll_s=0.05)["state"] == "succeeded"
 
 
+@pytest.mark.quick
 def test_a_service_that_does_not_answer_is_unavailable():
     from paraseek.loadtests.net import free_port
 

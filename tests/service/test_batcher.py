@@ -12,6 +12,9 @@ import pytest
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, RecentPeak, encode_texts, search_rows
 
 
+pytestmark = pytest.mark.quick
+
+
 class FakeEncoder:
     def __init__(self, bad: str | None = None, gate: threading.Event | None = None):
         self.calls: list[list[str]] = []

@@ -8,9 +8,12 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from paraseek.service.cache import Cache, CircuitBreaker, params_key
 from paraseek.service.prometheus import ServiceMetrics
+
+pytestmark = pytest.mark.quick
 
 
 class FakeClock:

@@ -71,6 +71,7 @@ def test_a_registered_method_is_served_listed_and_validated(nearest_caption, mak
         assert bad.status_code == 422
 
 
+@pytest.mark.quick
 def test_the_evaluation_harness_takes_a_registered_method(nearest_caption, starter_bank, starter_bundle, demo_snapshot):
     from paraseek.evaluation.expansion import parse_expansion, spec_help
 
@@ -83,6 +84,7 @@ def test_the_evaluation_harness_takes_a_registered_method(nearest_caption, start
                                atol=2e-4)  # the loaded bank stores its vectors in fp16
 
 
+@pytest.mark.quick
 def test_the_registry_refuses_a_taken_name_and_names_the_methods():
     from paraseek.paraphrase.expansions import BankExpansion, expansion_method
 

@@ -6,10 +6,13 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from paraseek.core.settings import Settings
 from paraseek.service import expansion_sources
 from paraseek.service.expansion_sources import ExpansionSources
+
+pytestmark = pytest.mark.quick
 
 
 class CountingSnapshot:

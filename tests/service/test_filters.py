@@ -82,6 +82,7 @@ def assert_filled_within(ids, allowed: set[int], k: int) -> None:
     assert set(ids) <= allowed and len(ids) == min(k, len(allowed)), (ids, len(allowed))
 
 
+@pytest.mark.quick
 def test_consistency_and_expansion_stay_inside_the_filter(client, direct):
     flt = {"licence": [5]}
     _, snap = direct
@@ -102,6 +103,7 @@ def test_consistency_and_expansion_stay_inside_the_filter(client, direct):
     assert_filled_within([x["id"] for x in wordnet.json()["results"]], allowed, 5)
 
 
+@pytest.mark.quick
 def test_more_like_this_and_image_queries_take_a_filter(client, direct):
     from paraseek.core.demo import GALLERY_DIR
 
@@ -119,6 +121,7 @@ def test_more_like_this_and_image_queries_take_a_filter(client, direct):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "filter"]
 
 
+@pytest.mark.quick
 def test_filters_are_part_of_the_cache_key(client):
     a = client.post("/v1/search", json={"query": "a train", "k": 5, "filter": {"licence": [4]}}).json()
     b = client.post("/v1/search", json={"query": "a train", "k": 5, "filter": {"licence": [5]}}).json()
@@ -141,6 +144,7 @@ BAD_FILTERS = [  # (filter, loc)
 ]
 
 
+@pytest.mark.quick
 def test_malformed_or_unsupported_filters_name_the_field(client, subtests):
     for case, (flt, loc) in enumerate(BAD_FILTERS):
         with subtests.test(case=case):
@@ -153,6 +157,7 @@ def test_info_names_the_backend(client, backend):
     assert info["device"] in (("cpu", "gpu") if backend == "faiss" else ("milvus",))
 
 
+@pytest.mark.quick
 def test_prf_inside_a_filter_with_fewer_matches_than_feedback_images(client, direct, backend):
     """PRF asks each query's top m images inside the filter: a filter matching fewer than m (or none)
     still answers, on both backends, with the paraphrases' rows too (several rows in one search)."""

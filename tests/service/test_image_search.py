@@ -31,6 +31,7 @@ def _ids(response) -> list[int]:
     return [r["id"] for r in response.json()["results"]]
 
 
+@pytest.mark.quick
 def test_uploaded_image_finds_itself_and_matches_the_image_tower(client, direct):
     data = PHOTO.read_bytes()
     r = client.post("/v1/search/image", files={"image": ("photo.jpg", data, "image/jpeg")}, data={"k": "5"})
@@ -47,6 +48,7 @@ def test_uploaded_image_finds_itself_and_matches_the_image_tower(client, direct)
     assert _ids(client.post("/v1/search/image", json={"image": "data:image/jpeg;base64," + b64, "k": 5})) == _ids(r)
 
 
+@pytest.mark.quick
 def test_more_like_this_uses_the_stored_vector_and_leaves_the_image_out(client, direct):
     r = client.post("/v1/search/similar", json={"id": PHOTO_ID, "k": 4})
     assert r.status_code == 200
@@ -59,6 +61,7 @@ def test_more_like_this_uses_the_stored_vector_and_leaves_the_image_out(client, 
     assert missing.status_code == 404 and missing.json()["detail"][0]["loc"] == ["body", "id"]
 
 
+@pytest.mark.quick
 def test_pages_continue_the_ranking(client):
     full = client.post("/v1/search", json={"query": "a dog", "k": 12}).json()["results"]
     page2 = client.post("/v1/search", json={"query": "a dog", "k": 4, "offset": 4}).json()["results"]
@@ -95,6 +98,7 @@ BAD_UPLOADS = [  # (files, form data, JSON body, status, loc)
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_bad_uploads_name_the_field(client, subtests):
     for case, (files, data, json, status, loc) in enumerate(BAD_UPLOADS):
         with subtests.test(case=case):
@@ -159,6 +163,7 @@ BAD_EMBEDDING_BODIES = [  # (body, status, loc)
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_embeddings_bad_input_names_the_field(client, subtests):
     for case, (body, status, loc) in enumerate(BAD_EMBEDDING_BODIES):
         with subtests.test(case=case):
@@ -197,6 +202,7 @@ def test_embeddings_by_the_first_answer_tower_when_named(make_settings, whole_ph
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_embeddings_share_the_cache_with_search(client):
     name = client.get("/v1/models").json()["data"][0]["id"]
     client.post("/v1/embeddings", json={"input": "a red bus on a street", "model": name})

@@ -48,6 +48,7 @@ def serve(make_settings, snapshot: Path):
     return TestClient(create_app(make_settings(snapshot=snapshot)))
 
 
+@pytest.mark.quick
 def test_metadata_path_outside_the_roots_is_refused_at_build(starter_encoder, photos, tmp_path):
     inside = sorted(photos.glob("*.jpg"))
     v, m = vectors_with_paths(starter_encoder, photos, tmp_path, [str(inside[0]), inside[1].name, HOST_FILE])
@@ -62,6 +63,7 @@ def test_metadata_path_outside_the_roots_is_refused_at_build(starter_encoder, ph
     assert store.current_version() is None and store.versions() == []  # nothing published, nothing left staged
 
 
+@pytest.mark.quick
 def test_cli_names_the_row_and_exits_2(starter_encoder, starter_bundle, photos, tmp_path):
     v, m = vectors_with_paths(starter_encoder, photos, tmp_path, [sorted(photos.glob("*.jpg"))[0].name, HOST_FILE])
     args = ["index", "build", "--embeddings", str(v), "--metadata", str(m), "--bundle", str(starter_bundle),
@@ -77,6 +79,7 @@ def test_cli_names_the_row_and_exits_2(starter_encoder, starter_bundle, photos, 
     assert snap.manifest.source["image_roots"] == [str(photos.resolve())]
 
 
+@pytest.mark.quick
 def test_only_files_inside_the_roots_that_are_images_are_served(starter_encoder, make_settings, photos, tmp_path):
     files = sorted(photos.glob("*.jpg"))
     # /etc is declared a root on purpose: containment passes, the content check still refuses the file
@@ -98,6 +101,7 @@ def test_only_files_inside_the_roots_that_are_images_are_served(starter_encoder,
         assert c.get("/v1/images/2").status_code == 404
 
 
+@pytest.mark.quick
 def test_image_builds_and_updates_record_their_roots(starter_encoder, make_settings, photos, tmp_path):
     build_snapshot(photos, starter_encoder, tmp_path / "snap", progress=False)
     more = tmp_path / "more"

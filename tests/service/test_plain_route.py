@@ -15,6 +15,9 @@ from paraseek.service.main import create_app
 from paraseek.service.plain_route import PlainJsonRoute
 
 
+pytestmark = pytest.mark.quick
+
+
 class Item(BaseModel):
     model_config = ConfigDict(extra="forbid")
     q: str

@@ -9,14 +9,19 @@ from paraseek.core.settings import Settings
 from paraseek.service.runtime import default_text_batch, load_encoder, text_sub_batch
 
 
-def test_providers_setting_places_the_encoder(starter_bundle):
+@pytest.mark.quick
+def test_providers_setting_places_the_encoder(starter_bundle, monkeypatch):
+    import onnxruntime as ort
+
     enc = load_encoder(starter_bundle, Settings(providers="cpu"))
     assert enc.providers == ["CPUExecutionProvider"] and default_text_batch(enc) == 16
     assert text_sub_batch(enc, Settings()) == 3 and text_sub_batch(enc, Settings(encoder_sub_batch=16)) == 16
-    with pytest.raises(BundleError, match="CUDAExecutionProvider"):  # this onnxruntime has no CUDA provider
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])  # an onnxruntime without CUDA
+    with pytest.raises(BundleError, match="CUDAExecutionProvider"):
         load_encoder(starter_bundle, Settings(providers="cuda,cpu"))
 
 
+@pytest.mark.quick
 def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encoder):
     from paraseek.service.runtime import load_snapshot
 
@@ -38,6 +43,7 @@ def test_a_cpu_only_providers_setting_keeps_the_search_on_the_cpu(starter_encode
     assert store.kwargs["use_gpu"] is None
 
 
+@pytest.mark.quick
 def test_the_service_loads_a_flat_snapshot_with_its_quantized_copy_unless_told_not_to(tmp_path, monkeypatch):
     import paraseek.index.snapshot as snapshot_module
     from paraseek.index.snapshot import FaissStore

@@ -48,6 +48,7 @@ def _embedding_cache(client, result: str) -> float:
                if s.labels == {"cache": "embedding", "result": result} and s.name.endswith("_total"))
 
 
+@pytest.mark.quick
 def test_cache_hit_returns_same_results(client):
     a = client.post("/v1/search", json={"query": "Two giraffes", "k": 3, "expansion": {"method": "none"}}).json()
     b = client.post("/v1/search", json={"query": "Two giraffes", "k": 3, "expansion": {"method": "none"}}).json()
@@ -71,6 +72,7 @@ def _js(a, b, k):
     return len(set(a[:k]) & set(b[:k])) / len(set(a[:k]) | set(b[:k]))
 
 
+@pytest.mark.quick
 def test_consistency_matches_independent_computation(client, direct):
     query, paras = "a dog on a beach", ["a puppy at the seaside", "dog beach", "a cat on a sofa"]
     r = client.post("/v1/search", json={"query": query, "k": 3, "consistency": {"paraphrases": paras, "k": 10}})
@@ -87,6 +89,7 @@ def test_consistency_matches_independent_computation(client, direct):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_consistency_auto_uses_generated_paraphrases(client):
     r = client.post("/v1/search", json={"query": "a man riding a horse", "consistency": {"auto": 2, "method": "wordnet"}})
     assert r.status_code == 200
@@ -126,6 +129,7 @@ def test_expansion_rrf(client, direct):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_ppdb_expansion(make_settings, shared_data):
     from fastapi.testclient import TestClient
 
@@ -136,6 +140,7 @@ def test_ppdb_expansion(make_settings, shared_data):
         assert r.status_code == 200 and len(r.json()["expansions"]) == 2
 
 
+@pytest.mark.quick
 def test_weighted_terms(client, direct):
     terms = [{"text": "a dog on a beach", "weight": 1}, {"text": "at night", "weight": -0.5}]
     r = client.post("/v1/search", json={"terms": terms, "k": 5})
@@ -168,6 +173,7 @@ BAD_BODIES = [  # (body, status, loc)
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_bad_input_names_the_field(client, subtests):
     for case, (body, status, loc) in enumerate(BAD_BODIES):
         with subtests.test(case=case):
@@ -182,6 +188,7 @@ def test_malformed_and_oversized_bodies(client):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_overlong_query_is_truncated_and_says_so(make_settings):
     from fastapi.testclient import TestClient
 
@@ -194,6 +201,7 @@ def test_overlong_query_is_truncated_and_says_so(make_settings):
         assert again.json()["truncated"] is True
 
 
+@pytest.mark.quick
 def test_batch_search(client):
     r = client.post("/v1/search/batch", json={"requests": [{"query": "a cat"}, {"query": "a bus", "k": 2}]})
     assert r.status_code == 200
@@ -202,6 +210,7 @@ def test_batch_search(client):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == ["body", "requests", 1]
 
 
+@pytest.mark.quick
 def test_images_info_health_metrics(client):
     first = client.post("/v1/search", json={"query": "a kitchen", "k": 1}).json()["results"][0]
     img = client.get(f"/v1/images/{first['id']}")
@@ -223,6 +232,7 @@ def test_images_info_health_metrics(client):
     assert client.get("/openapi.json").json()["info"]["title"] == "paraseek"
 
 
+@pytest.mark.quick
 def test_not_ready_without_snapshot(make_settings, tmp_path):
     from fastapi.testclient import TestClient
 
@@ -234,6 +244,7 @@ def test_not_ready_without_snapshot(make_settings, tmp_path):
         assert c.post("/v1/search", json={"query": "x"}).status_code == 503
 
 
+@pytest.mark.quick
 def test_micro_batching_merges_concurrent_requests(make_settings):
     from paraseek.service.main import create_app
 
@@ -281,6 +292,7 @@ def test_llm_expansion_and_two_step_generator(make_settings, fake_llm):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
     from paraseek.paraphrase.wordnet import WordNetSource
 
@@ -294,6 +306,7 @@ def test_a_failing_source_is_a_502_naming_the_field(client, monkeypatch):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_streamed_body_over_the_limit_is_413(make_settings):
     """A chunked body (no Content-Length) is counted as it arrives and cut off at the limit."""
     from fastapi.testclient import TestClient
@@ -326,6 +339,7 @@ TEXT_FIELD_BODIES = [  # (body, loc of the error; None: accepted)
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_every_text_field_is_validated_the_same_way(client, subtests):
     import json
 
@@ -343,6 +357,7 @@ def test_every_text_field_is_validated_the_same_way(client, subtests):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_deeply_nested_json_is_a_4xx_naming_the_body(client):
     body = '{"query": "a dog", "k": ' + "[" * 5000 + "]" * 5000 + "}"
     r = client.post("/v1/search", content=body, headers={"content-type": "application/json"})
@@ -350,6 +365,7 @@ def test_deeply_nested_json_is_a_4xx_naming_the_body(client):
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_consistency_reports_requested_and_produced(client):
     r = client.post("/v1/search", json={"query": "a man riding a horse", "consistency": {"auto": 16, "method": "wordnet"}})
     rep = r.json()["consistency"]
@@ -358,6 +374,7 @@ def test_consistency_reports_requested_and_produced(client):
     assert r.json()["consistency"]["requested"] == r.json()["consistency"]["produced"] == 2
 
 
+@pytest.mark.quick
 def test_not_ready_answers_without_server_paths(make_settings, tmp_path):
     from fastapi.testclient import TestClient
 
@@ -369,6 +386,7 @@ def test_not_ready_answers_without_server_paths(make_settings, tmp_path):
             assert "secret-location" not in r.text and str(tmp_path) not in r.text
 
 
+@pytest.mark.quick
 def test_ready_means_warm(make_settings, monkeypatch):
     """/readyz answers 503 "warming up" until the WordNet preload has finished, then 200."""
     import threading
@@ -421,6 +439,7 @@ def test_bank_expansion_equals_the_hand_computation(make_settings, starter_bank,
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "expansion"]
 
 
+@pytest.mark.quick
 def test_bank_rounds_move_the_moved_query_again(make_settings, starter_bank, direct):
     """rounds 2: the once-moved query looks up its own 7 neighbours and takes their mean with them; the
     expansions shown are the last round's neighbours. rounds only applies to the bank, 1 to 4."""
@@ -502,6 +521,7 @@ def test_head_expansion_moves_the_query_by_the_banks_head_then_its_rounds(make_s
             assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "expansion", "blend"], bad.text
 
 
+@pytest.mark.quick
 def test_prf_equals_the_hand_computation(client, direct):
     enc, snap = direct
     r = client.post("/v1/search", json={"query": "a red bus", "k": 10,
@@ -515,6 +535,7 @@ def test_prf_equals_the_hand_computation(client, direct):
     assert [x["id"] for x in r.json()["results"]] == ids[0].tolist()
 
 
+@pytest.mark.quick
 def test_server_default_expansion_and_opting_out(make_settings, starter_bank):
     from fastapi.testclient import TestClient
 
@@ -869,6 +890,7 @@ def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_se
 
 
 @pytest.mark.above_the_index
+@pytest.mark.quick
 def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
     for body, loc in (({"query": "x", "k": "5"}, ["body", "k"]), ({"query": "x", "k": True}, ["body", "k"]),
                       ({"terms": [{"text": "a dog", "weight": False}]}, ["body", "terms", 0, "weight"]),
@@ -885,6 +907,7 @@ def test_strict_types_and_the_query_or_terms_rule_in_the_schema(client):
     assert {"202", "401", "403", "404", "422"} <= set(admin)
 
 
+@pytest.mark.quick
 def test_merged_index_searches_answer_each_request_as_if_alone(make_settings, direct):
     """Concurrent requests of different k (and offsets, and image queries) share index calls; each
     still gets exactly its own top k."""
@@ -913,6 +936,7 @@ def test_merged_index_searches_answer_each_request_as_if_alone(make_settings, di
     assert searches["count"] < len(queries)  # some of them did share a call
 
 
+@pytest.mark.quick
 def test_a_lone_request_encodes_and_searches_in_one_call_on_the_index_thread(make_settings, direct):
     """The only request in flight skips the hop between the stages: its encoder call runs on the
     index's thread, right before its search. With another request in flight it goes through the
@@ -995,6 +1019,7 @@ def test_a_cheap_lone_request_runs_on_the_event_loop_once_its_calls_are_known_to
     assert run(60_000, busy=True)[0] == ["index"] * 3
 
 
+@pytest.mark.quick
 def test_requests_arriving_together_are_batched_not_run_one_by_one_on_the_event_loop(make_settings, backend):
     """Requests read in one pass of the event loop start their tasks one after another: the first is
     briefly the only one in flight. It must not take the event loop (each next one would find itself
@@ -1064,6 +1089,7 @@ def test_a_search_that_waits_on_the_network_never_runs_on_the_event_loop(tmp_pat
     assert served() is None  # the timing does not keep a replaced encoder and snapshot alive
 
 
+@pytest.mark.quick
 def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make_settings):
     """A lone request's search runs after its encoder call has left every core idle, so it gets them
     all (an exact scan splits among them); a one-row search while others are in flight gets
@@ -1093,6 +1119,7 @@ def test_a_lone_request_searches_on_every_core_and_one_beside_others_on_one(make
     assert seen == [(1, os.cpu_count()), (1, 1)]
 
 
+@pytest.mark.quick
 def test_metrics_the_dashboard_reads(client):
     """Stage times per stage, consistency reports, the serving snapshot, the breaker and the process."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -1130,6 +1157,7 @@ def test_metrics_the_dashboard_reads(client):
     ("robust", False, "bank", 96, 4, 7, 0.25, 0.75, False), ("robust", True, "bank", 96, 4, 7, 0.25, 0.75, False),
     ("robust", False, "bank", 96, 4, 7, 0.25, 0.75, True),
     ("plain", True, "head", 3, 0, 0, 0.3, 0.5, False), ("plain", False, "bank", 30, 1, 0, 0.0, 0.0, False)])
+@pytest.mark.quick
 def test_the_embedded_default_expansion_keeps_the_first_answer(starter, head, method, n, rounds, within, blend, hub,
                                                                lead, make_settings, starter_bank, starter_bundle, tmp_path):
     """Each starter's default is a valid request expansion that keeps the query's first result, and the

@@ -4,12 +4,15 @@ import io
 import json
 import tarfile
 
+import pytest
 from fastapi.testclient import TestClient
 
 from paraseek.core.demo import GALLERY_DIR
 from paraseek.index.builder import build_snapshot
 from paraseek.index.image_sources import expand_braces, open_source
 from paraseek.index.snapshot import Snapshot
+
+pytestmark = pytest.mark.quick
 
 
 def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -81,8 +84,8 @@ def test_snapshot_of_precomputed_vectors_is_served(starter_encoder, starter_bund
     from PIL import Image
     from typer.testing import CliRunner
 
-    from paraseek.index.builder import build_snapshot_from_vectors
     from paraseek.cli import app
+    from paraseek.index.builder import build_snapshot_from_vectors
 
     photos = sorted(GALLERY_DIR.glob("*.jpg"))[:5]
     vectors = starter_encoder.encode_images([Image.open(p).convert("RGB") for p in photos])

@@ -20,6 +20,7 @@ def _unit(rows):
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
+@pytest.mark.quick
 def test_own_set_and_its_rewrites_are_left_out_and_the_nearest_others_kept():
     groups = [["a dog", "a puppy"], ["a cat", "a kitten"], ["a car"]]
     captions = [c for g in groups for c in g]

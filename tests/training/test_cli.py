@@ -1,9 +1,12 @@
 """`paraseek models ...` commands not covered where their library code is tested."""
 
+import pytest
 from typer.testing import CliRunner
 
 from paraseek.cli import app
 from paraseek.paraphrase.caption_bank import CaptionBank
+
+pytestmark = pytest.mark.quick
 
 
 def test_build_bank_leaves_the_held_out_pairs_texts_out(starter_bundle, tmp_path):

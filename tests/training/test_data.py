@@ -29,6 +29,7 @@ def _unit(rows):
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
+@pytest.mark.quick
 def test_close_captions_keeps_the_near_ones_and_falls_back_to_the_nearest():
     groups = [["a dog on a sofa", "a puppy on a couch", "a lamp in the corner"], ["a red bus", "a bus stop"],
               ["one", "one"]]
@@ -54,6 +55,7 @@ def _embeddings():
 
 
 @pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.quick
 def test_image_embeddings_round_trip(tmp_path, fp16):
     emb = _embeddings()
     save_image_embeddings(tmp_path / "e.npz", emb, "space-a", fp16=fp16)
@@ -66,6 +68,7 @@ def test_image_embeddings_round_trip(tmp_path, fp16):
         load_image_embeddings(tmp_path / "e.npz", "space-b")
 
 
+@pytest.mark.quick
 def test_image_embeddings_refuse_a_torn_or_foreign_file(tmp_path):
     save_image_embeddings(tmp_path / "e.npz", _embeddings(), "s")
     torn = tmp_path / "torn.npz"
@@ -79,6 +82,7 @@ def test_image_embeddings_refuse_a_torn_or_foreign_file(tmp_path):
         read_image_embeddings(tmp_path / "missing.npz")
 
 
+@pytest.mark.quick
 def test_without_texts_drops_evaluation_captions_and_photos_left_bare(tmp_path):
     emb = _embeddings()
     pairs = tmp_path / "pairs.tsv"
@@ -135,6 +139,7 @@ def test_shipped_training_asset_is_what_embed_images_makes(shared_data, starter_
     np.testing.assert_allclose(made.vectors, shipped.vectors, atol=2e-3)
 
 
+@pytest.mark.quick
 def test_run_cache_is_reused_in_its_image_space_only(shared_data, starter_encoder, tmp_path, monkeypatch):
     captions, _ = _mini_coco(shared_data, tmp_path, n=2)
     run = tmp_path / "run"
@@ -173,6 +178,7 @@ def test_a_trial_on_the_first_photos_embeds_those_only(shared_data, starter_enco
     assert embedded == [2, 4] and whole.ids.size == 3  # the whole set is not the trial's cache; the bad file skipped
 
 
+@pytest.mark.quick
 def test_hold_out_keeps_evaluation_texts_out_of_the_training_data(shared_data, starter_encoder, tmp_path):
     from paraseek.training.data import load_training_data
     from paraseek.training.recipe import ParaphraseSpec

@@ -1,6 +1,7 @@
 """Hugging Face sentence-encoder exporter, with and without a trained head (alignment layers)."""
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -39,12 +40,14 @@ def test_export_with_head_matches_torch(tmp_path):
     assert read_manifest(tmp_path / "b").image is None
 
 
+@pytest.mark.quick
 def test_padding_does_not_change_embeddings(starter_encoder):
     alone = starter_encoder.encode_text(["x"])
     with_long = starter_encoder.encode_text(["x", "a much longer sentence that forces padding of the short one"])
     assert np.abs(alone[0] - with_long[0]).max() <= 1e-5
 
 
+@pytest.mark.quick
 def test_long_batches_keep_input_order(starter_encoder, coco_val):
     captions = coco_val[1][:150]
     sorted_batches = starter_encoder.encode_text(captions, batch_size=16)

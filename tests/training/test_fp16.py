@@ -54,6 +54,7 @@ def test_fp16_tower_holds_half_weights_and_agrees_with_fp32(fp16_bundle):
     assert float(np.sum(fp32[0] * got[1])) < 0.99
 
 
+@pytest.mark.quick
 def test_auto_serves_fp16_on_a_gpu_only_where_it_agrees(fp16_bundle, tmp_path):
     m = read_manifest(fp16_bundle)
     assert m.text_fp16 is not None
@@ -72,6 +73,7 @@ def test_auto_serves_fp16_on_a_gpu_only_where_it_agrees(fp16_bundle, tmp_path):
     assert "0.99500 < 0.999" in strays.qualifies()[1]
 
 
+@pytest.mark.quick
 def test_fp16_precision_needs_the_tower(starter_bundle):
     assert read_manifest(starter_bundle).text_fp16 is None
     with pytest.raises(BundleError, match="no fp16 text tower.*paraseek models fp16"):
@@ -83,6 +85,7 @@ def test_fp16_precision_needs_the_tower(starter_bundle):
         Settings(precision="bf16")
 
 
+@pytest.mark.quick
 def test_fp16_command_names_a_missing_bundle(tmp_path):
     r = CliRunner().invoke(app, ["models", "fp16", str(tmp_path / "nowhere")])
     assert r.exit_code != 0

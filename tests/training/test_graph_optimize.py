@@ -20,6 +20,7 @@ TEXTS = ["a dog", "two people riding bicycles down a busy city street at night p
          "A kitchen with a stove, a sink and lots of pots hanging on the wall."]
 
 
+@pytest.mark.quick
 def test_starter_text_tower_is_fused_and_agrees(starter_bundle):
     m = read_manifest(starter_bundle)
     opt = m.text.optimization
@@ -37,6 +38,7 @@ def test_starter_text_tower_is_fused_and_agrees(starter_bundle):
     assert m.image.optimization is None
 
 
+@pytest.mark.quick
 def test_fused_text_tower_ignores_padding(starter_bundle):
     """A text batched with longer ones (so padded) embeds as it does alone: the mask_index rewrite
     masks the padding exactly as the exported bias did."""
@@ -46,6 +48,7 @@ def test_fused_text_tower_ignores_padding(starter_bundle):
     assert np.sum(batched * alone, axis=1).min() >= 0.99999
 
 
+@pytest.mark.quick
 def test_int8_quantises_the_fused_attention(starter_bundle):
     m = read_manifest(starter_bundle)
     assert m.text_int8.keep_fp32 == "first-attention+downs"
@@ -55,6 +58,7 @@ def test_int8_quantises_the_fused_attention(starter_bundle):
         assert m.text_int8.qualifies()[0], m.text_int8.qualifies()[1]
 
 
+@pytest.mark.quick
 def test_keep_fp32_policies_on_the_fused_graph(starter_bundle):
     path = starter_bundle / read_manifest(starter_bundle).text.file
     graph = onnx.load(str(path)).graph

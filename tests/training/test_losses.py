@@ -10,6 +10,9 @@ from paraseek.training.losses import (Temperature, anchor_loss, difference_loss,
                              paraclip_loss, wise_ft)
 
 
+pytestmark = pytest.mark.quick
+
+
 def test_info_nce_hand_computed():
     a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     # logits = a a^T / 0.5 = [[2, 0], [0, 2]]: each row CE = -log(e^2 / (e^2 + 1))

@@ -1,12 +1,14 @@
 """Trainable text towers."""
 
 import numpy as np
+import pytest
 import torch
 
 from paraseek.training.export.hf_text import minilm_dir
 from paraseek.training.models import SentenceText
 
 
+@pytest.mark.quick
 def test_embed_batches_by_length_and_returns_rows_in_input_order():
     tower = SentenceText(minilm_dir(), "test-space").eval()
     texts = ["a dog", "two people riding horses along a sandy beach at sunset near the water", "cat",

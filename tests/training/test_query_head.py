@@ -17,6 +17,7 @@ def clustered(n=600, dim=16, clusters=12, spread=0.35, seed=0) -> np.ndarray:
     return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
 
+@pytest.mark.quick
 def test_targets_are_the_mean_shift_with_each_row_left_out_of_its_own_neighbours():
     v = clustered(n=50, dim=8)
     targets = mean_shift_targets(v, neighbours=5, rounds=2, block=7)  # blocks must not change anything
@@ -32,6 +33,7 @@ def test_targets_are_the_mean_shift_with_each_row_left_out_of_its_own_neighbours
         mean_shift_targets(v[:1], 5, 1)
 
 
+@pytest.mark.quick
 def test_the_numpy_activation_is_torchs():
     import torch
 
@@ -39,6 +41,7 @@ def test_the_numpy_activation_is_torchs():
     assert gelu_tanh(x) == pytest.approx(torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy(), abs=1e-6)
 
 
+@pytest.mark.quick
 def test_the_head_learns_the_mean_shift_of_captions_it_never_saw():
     v = clustered()
     cfg = HeadTraining(neighbours=8, rounds=2, hidden=64, layers=2, steps=300, batch=64, lr=3e-3, held_out=0.1)
@@ -79,6 +82,7 @@ def test_cli_trains_the_head_into_the_bank(starter_bundle, starter_bank, tmp_pat
     assert missing.exit_code != 0 and "no caption bank in" in missing.output
 
 
+@pytest.mark.quick
 def test_each_shipped_head_fits_the_mean_shift_of_the_captions_it_held_out():
     """The package's head for the robust starter, on its own shipped bank: on the 2 % of captions it never
     trained on, its output is far nearer their mean shift than the captions themselves are."""

@@ -332,6 +332,7 @@ def test_a_robust_starter_without_its_first_answer_bundle_gets_it_next_start(emb
     assert len(built) == 1  # built once
 
 
+@pytest.mark.quick
 def test_train_flags_need_robust(tmp_path):
     from typer.testing import CliRunner
 

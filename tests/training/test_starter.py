@@ -20,12 +20,14 @@ def torch_towers():
     return text, image
 
 
+@pytest.mark.quick
 def test_manifest(starter_bundle):
     m = read_manifest(starter_bundle)
     assert m.image_space == IMAGE_SPACE and m.embedding_dim == 384 and m.max_tokens == 256
     assert m.image is not None and m.image_preprocess.size == 224
 
 
+@pytest.mark.quick
 def test_class_names_are_imagenet_1k():
     names = imagenet_class_names()
     assert len(names) == 1000 and names[0].startswith("tench") and "goldfish" in names[1]
@@ -114,6 +116,7 @@ def test_text_to_image_recall_on_coco_mini(starter_encoder, coco_val, shared_dat
     assert shuffled[10] <= 0.15
 
 
+@pytest.mark.quick
 def test_image_tower_mixes_the_top_classes_at_the_class_temperature():
     """The image vector is the normalised mix of the top-T class prompts weighted by softmax(logits / t):
     a higher temperature spreads the weight over those classes, and classes outside the top T get none."""
@@ -139,6 +142,7 @@ def test_image_tower_mixes_the_top_classes_at_the_class_temperature():
     assert torch.allclose(mix(4, 1.0)[:3] / mix(4, 1.0)[0], sharp[:3] / sharp[0], atol=1e-6)  # T only cuts
 
 
+@pytest.mark.quick
 def test_image_tower_adds_a_class_that_only_one_crop_shows():
     """Given (batch, views, ...) pixels, a class's probability is the mean of the whole photo's (view 0)
     and its highest over the crops: a class the whole photo ranks last but one crop shows enters the mix."""
