@@ -21,6 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 import json
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -91,7 +92,7 @@ def pytest_runtest_teardown(item, nextitem):
 # aside), export no model and build no starter beyond the cached ones (``built_once``). A module-level
 # mark covers the module; in a module run on several index backends, a test's mark covers its FAISS
 # variant only. Asking a quick test for one of these fixtures is a collection error, so the tier stays quick.
-NOT_QUICK_FIXTURES = frozenset({"tiny_clip", "milvus_standalone", "milvus_server", "uvicorn_server",
+NOT_QUICK_FIXTURES = frozenset({"tiny_clip", "milvus_standalone", "own_milvus_standalone", "milvus_server", "uvicorn_server",
                                 "whole_photo_robust_bundle", "embedded_home"})
 
 
@@ -121,6 +122,13 @@ def pytest_xdist_auto_num_workers(config):
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
     return (os.cpu_count() or 1) + 1
+
+
+def run_shared_folder(tmp_path_factory) -> Path:
+    """A folder every test process of this run shares: pytest-xdist's workers' base temp folders are
+    folders of the controller's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 # What a built artefact (a starter bundle) depends on: the code and data that build it and the lock of
@@ -163,9 +171,8 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
     out = tmp_path_factory.mktemp(name) / name
     cache = build_cache_root()
-    if cache is None:  # this run's workers share one build (their base temp folders have one parent)
-        base = tmp_path_factory.getbasetemp()
-        cache = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    if cache is None:  # this run's test processes share one build
+        cache = run_shared_folder(tmp_path_factory)
         entry = cache / f"built-once-{name}"
     else:
         entry = cache / f"{name}-{build_inputs_digest(name)[:16]}"
@@ -200,6 +207,18 @@ def whole_photo_starter_bundle(tmp_path_factory) -> Path:
     from paraseek.training.export.starter import build_starter
 
     return built_once(tmp_path_factory, "starter-whole-photo", lambda out: build_starter(out, int8=True, crop_grid=0))
+
+
+@pytest.fixture(scope="session")
+def embedded_starters(tmp_path_factory) -> Path:
+    """The ``bundles`` folder of a PARASEEK_HOME as the embedded default's first start writes it: the robust
+    starter (``starter-robust``) and its first-answer bundle, the plain starter (``starter``), one build."""
+    def build(out: Path) -> None:
+        from paraseek.training.export.starter import ROBUST_LAYERS, build_starter
+
+        build_starter(out / "starter-robust", tuned_layers=ROBUST_LAYERS, plain_out=out / "starter")
+
+    return built_once(tmp_path_factory, "embedded-starters", build)
 
 
 @pytest.fixture(scope="session")
@@ -265,7 +284,7 @@ _prefixes = iter(range(1_000_000))
 
 
 # a module that also sets ``ON_MILVUS_SERVER = True`` runs them on a real Milvus standalone server too
-# (backend "milvus-server", one server for the module: ``milvus_standalone``)
+# (backend "milvus-server", the run's one server: ``milvus_standalone``)
 MILVUS_SERVER = "milvus-server"
 
 
@@ -435,37 +454,90 @@ class MilvusStandalone:
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM to the wrapper and to the `milvus run standalone` it starts in a session of its own,
         SIGKILL after ``grace_s`` (a 2.3.5 standalone's graceful stop takes longer than 10 s here)."""
-        import signal
-
         if self.proc is None:
             return
-        pids = [self.proc.pid, *self._server_pids()]
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(_running(pid) for pid in pids):
-                self.proc.poll()
-                time.sleep(0.2)
+        stop_processes([self.proc.pid, *self._server_pids()], grace_s, reap=self.proc.poll)
         self.proc.wait(10)
         self.proc = None
-        for pid in pids:  # the server records its id in a runtime folder no flag moves, and leaves it
-            for runtime in ("/run/milvus", "/tmp/milvus"):
-                Path(runtime, f"server_id_{pid}").unlink(missing_ok=True)
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid, *self._server_pids()] if self.proc is not None else []
 
 
-@pytest.fixture(scope="module")
-def milvus_standalone(tmp_path_factory):
-    """A real Milvus standalone server for the test module that asks (see ``MilvusStandalone``)."""
-    import sys
+def stop_processes(pids: list[int], grace_s: float, reap=lambda: None) -> None:
+    """SIGTERM to a Milvus standalone's processes, SIGKILL after ``grace_s``; then its leftovers."""
+    import signal
 
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            reap()
+            time.sleep(0.2)
+    for pid in pids:  # the server records its id in a runtime folder no flag moves, and leaves it
+        for runtime in ("/run/milvus", "/tmp/milvus"):
+            Path(runtime, f"server_id_{pid}").unlink(missing_ok=True)
+
+
+def _milvus_server_exe() -> Path:
     exe = Path(sys.executable).parent / "milvus-server"
     if not exe.is_file():
         pytest.skip("the milvus package (a Milvus 2.3.5 standalone server, Linux x86_64 only) is not installed")
-    server = MilvusStandalone(exe, tmp_path_factory.mktemp("milvus-standalone"))
+    return exe
+
+
+@dataclass(frozen=True)
+class SharedMilvusStandalone:
+    """The run's Milvus standalone server as a test sees it: its address only (no stop or start: other
+    test processes use it at the same time)."""
+
+    uri: str
+
+
+SHARED_MILVUS_RECORD = "milvus-standalone.json"
+
+
+@pytest.fixture(scope="session")
+def milvus_standalone(tmp_path_factory) -> SharedMilvusStandalone:
+    """One real Milvus standalone server (see ``MilvusStandalone``) for the whole run, started by the
+    first test process that needs it and shared by all of them (each test takes collection prefixes of
+    its own); the run's end stops it (``pytest_sessionfinish``). A module that stops or restarts the
+    server takes one of its own instead: ``own_milvus_standalone``."""
+    from filelock import FileLock
+
+    exe = _milvus_server_exe()
+    shared = run_shared_folder(tmp_path_factory)
+    record = shared / SHARED_MILVUS_RECORD
+    with FileLock(f"{record}.lock"):
+        if not record.exists():
+            data = shared / "milvus-standalone"
+            data.mkdir()
+            server = MilvusStandalone(exe, data)
+            server.start()
+            record.write_text(json.dumps({"uri": server.uri, "pids": server.pids()}))
+    return SharedMilvusStandalone(json.loads(record.read_text())["uri"])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's shared Milvus server stops with the run: in the process that ran the tests, or in
+    pytest-xdist's controller once every worker is done."""
+    if hasattr(session.config, "workerinput"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    record = factory.getbasetemp() / SHARED_MILVUS_RECORD if factory is not None else None
+    if record is not None and record.is_file():
+        stop_processes(json.loads(record.read_text())["pids"], grace_s=0)
+        record.unlink()
+
+
+@pytest.fixture(scope="module")
+def own_milvus_standalone(tmp_path_factory):
+    """A real Milvus standalone server of the test module's own, which it may stop and start again."""
+    server = MilvusStandalone(_milvus_server_exe(), tmp_path_factory.mktemp("milvus-standalone"))
     server.start()
     try:
         yield server

@@ -24,7 +24,7 @@ from paraseek.index.store import SnapshotStore
 from tests.conftest import MILVUS_SERVER, fresh_prefix
 
 BOTH_BACKENDS = True
-ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (the run's shared one)
 REF = BundleRef(name="synthetic", version="1", image_space="test/space")
 WORDS = ["dog", "cat", "beach", "red car", "50% off", "snake_case", 'a "quoted" word', "Ünïcode"]
 

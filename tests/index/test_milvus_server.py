@@ -22,6 +22,12 @@ from tests.index.test_backends import REF, brute_force, publish, synthetic
 
 
 @pytest.fixture(scope="module")
+def milvus_standalone(own_milvus_standalone):
+    """This module stops and restarts the server: one of its own, not the run's shared one."""
+    return own_milvus_standalone
+
+
+@pytest.fixture(scope="module")
 def demo_snapshot(starter_encoder, tmp_path_factory):
     from paraseek.index.demo import build_demo_snapshot
 

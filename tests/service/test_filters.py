@@ -12,7 +12,7 @@ from tests.conftest import MILVUS_SERVER
 from tests.service.conftest import assert_error_names
 
 BOTH_BACKENDS = True
-ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (the run's shared one)
 
 
 def refused_on_the_server(backend: str, flt: dict, response) -> bool:

@@ -16,7 +16,7 @@ from tests.service.conftest import assert_error_names
 
 # every test that serves a snapshot in-process runs on FAISS and on the same snapshot copied into Milvus Lite
 BOTH_BACKENDS = True
-ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (the run's shared one)
 
 PHOTO_ID = 790
 PHOTO = GALLERY_DIR / "000000000790.jpg"

@@ -20,7 +20,7 @@ from paraseek.index.snapshot import FaissStore, Snapshot
 from paraseek.cli import app
 
 BOTH_BACKENDS = True
-ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (the run's shared one)
 HOST_FILE = "/etc/passwd"
 
 

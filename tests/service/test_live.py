@@ -15,6 +15,12 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 MILVUS_PROCESSES = ["milvus-lite-server", MILVUS_SERVER]
 
 
+@pytest.fixture(scope="module")
+def milvus_standalone(own_milvus_standalone):
+    """This module stops and restarts the server: one of its own, not the run's shared one."""
+    return own_milvus_standalone
+
+
 @pytest.fixture()
 def milvus_outside(request) -> dict:
     """``uri``, ``stop()`` and ``start()`` of the Milvus process the test is parametrised with: Milvus

@@ -14,7 +14,7 @@ from tests.service.conftest import assert_error_names
 # every test that serves a snapshot runs on FAISS and on the same snapshot copied into Milvus Lite
 # (those marked above_the_index, whose subject the index never sees, on FAISS only)
 BOTH_BACKENDS = True
-ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (one for the module)
+ON_MILVUS_SERVER = True  # and on a real Milvus 2.3.5 standalone server (the run's shared one)
 
 
 @pytest.fixture()

@@ -91,14 +91,19 @@ def test_short_run_brings_paraphrases_closer(starter_bundle, shared_data, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def embedded_home(tmp_path_factory) -> Path:
+def embedded_home(tmp_path_factory, embedded_starters) -> Path:
     """A PARASEEK_HOME where the embedded default was built as a first start builds it (the robust
     starter from the shipped tuned layers with the plain starter beside it, its first-answer bundle, then
-    the demo snapshot; no bank). The tests below read the one build: it takes about a minute here."""
+    the demo snapshot; no bank). The starters are the run's one build of them (``embedded_starters``, the
+    same call a first start makes, cached while what builds them is unchanged); the demo snapshot is
+    built here, by the first start's own code."""
+    import shutil
+
     from paraseek.core.settings import Settings
     from paraseek.training.embedded import ensure_embedded_default
 
     home = tmp_path_factory.mktemp("embedded") / "home"
+    shutil.copytree(embedded_starters, home / "bundles")
     ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
     return home
 
