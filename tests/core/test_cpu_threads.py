@@ -41,16 +41,35 @@ def test_openmp_thread_share_reads_a_positive_count(monkeypatch, value, share):
     assert openmp_thread_share() == share
 
 
+def _threads_started_by(make) -> int:
+    """How many threads this process gained while ``make()`` ran (the object it made is kept alive)."""
+    before = len(os.listdir("/proc/self/task"))
+    made = make()
+    started = len(os.listdir("/proc/self/task")) - before
+    del made
+    return started
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 def test_encoders_default_to_the_openmp_share_and_explicit_threads_win(starter_bundle, monkeypatch):
+    """An onnxruntime session on n threads starts a pool of n - 1 (the caller's thread is the n-th)."""
     from paraseek.core.encoder import Encoder
 
+    Encoder(starter_bundle, load_image=False)  # onnxruntime's process-wide threads, started once
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    enc = Encoder(starter_bundle, load_image=False)
-    assert enc.threads == 1 and enc._text_session.get_session_options().intra_op_num_threads == 1
-    assert Encoder(starter_bundle, load_image=False, threads=2).threads == 2
+    assert Encoder(starter_bundle, load_image=False).threads == 1
+    assert _threads_started_by(lambda: Encoder(starter_bundle, load_image=False)) == 0
+    assert _threads_started_by(lambda: Encoder(starter_bundle, load_image=False, threads=3)) == 2  # explicit wins
     monkeypatch.delenv("OMP_NUM_THREADS")
-    enc = Encoder(starter_bundle, load_image=False)
-    assert enc.threads is None and enc._text_session.get_session_options().intra_op_num_threads == 0
+    assert Encoder(starter_bundle, load_image=False).threads is None  # onnxruntime's own choice: a thread per physical core
+    pool = _threads_started_by(lambda: Encoder(starter_bundle, load_image=False))
+    assert 0 <= pool <= (os.cpu_count() or 1) - 1 and (pool >= 1 or (os.cpu_count() or 1) == 1 or _one_physical_core())
+
+
+def _one_physical_core() -> bool:
+    import psutil
+
+    return (psutil.cpu_count(logical=False) or 1) == 1
 
 
 INTEL_AVX512 = "vendor_id : GenuineIntel\nmodel name : Xeon\nflags : fpu sse2 avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd\n"

@@ -158,7 +158,8 @@ def test_perturbation_suite_and_paraphrase_cli(starter_bundle, shared_data, tmp_
     lines = (tmp_path / "para/pairs.csv").read_text().splitlines()
     assert len(lines) == 446 and "plain_ao@10" in lines[0] and "wordnet2_js@10" in lines[0]
     r = runner.invoke(app, ["eval", "retrieval", "--snapshot", str(snap), "--bundle", str(starter_bundle)])
-    assert r.exit_code == 0 and json.loads(r.output)["t2i_r10"] == pytest.approx(82.0, abs=3)
+    # the whole-photo image side's R@10 over these 159 photos, as training/export/starter.py records it (77.4)
+    assert r.exit_code == 0 and json.loads(r.output)["t2i_r10"] == pytest.approx(77.4, abs=3)
 
 
 def test_compare_writes_table_and_plots(starter_bundle, tiny_clip, shared_data, tmp_path):

@@ -3,6 +3,8 @@ bank with a random query head put where the embedded default looks for it)."""
 
 import shutil
 
+import pytest
+
 from paraseek.core.bundle import read_manifest
 from paraseek.loadtests import bench_expansion
 from paraseek.paraphrase.caption_bank import CaptionBank, bank_dir
@@ -27,5 +29,10 @@ def test_bench_expansion_serves_every_configuration_and_prints_the_ratios(starte
     assert "first-answer bundle paraseek-starter v" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("none", "bank30", "bank64", "bank72", "bank96", "head"))]
     assert len(rows) == 32  # sixteen configurations at two concurrencies
-    bank_rows = [r for r in rows if r[:1] == ["bank30"] and r[1].isdigit()]
-    assert [r[-2] for r in bank_rows] == ["1.00", "1.00"]  # each concurrency's ratios are against its bank30 row
+    # each row's last-but-one column is its p50 over the bank30 row's p50 at the same concurrency
+    for conc in ("1", "2"):
+        same = [r for r in rows if r[-6] == conc]
+        assert len(same) == 16
+        base = float(next(r for r in same if r[0] == "bank30")[-5])
+        for r in same:
+            assert float(r[-2]) == pytest.approx(float(r[-5]) / base, abs=0.01), r

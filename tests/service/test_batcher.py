@@ -251,8 +251,7 @@ def test_workers_run_calls_side_by_side_and_share_what_waits():
         await batcher.start()
         try:
             first = [asyncio.create_task(batcher.submit(1, [f"t{i}"])) for i in range(2)]
-            await asyncio.sleep(0.1)  # both workers hold a call
-            assert peak[0] == 2
+            await until(lambda: peak[0] == 2)  # both workers hold a call
             release.set()
             done = await asyncio.gather(*first)  # both workers idle again
             later = await asyncio.gather(*(batcher.submit(1, [f"u{i}"]) for i in range(12)))
@@ -265,6 +264,14 @@ def test_workers_run_calls_side_by_side_and_share_what_waits():
     assert calls[:2] == [1, 1]  # each worker took one of the two waiting requests
     assert calls[2:] == [6, 6]  # the twelve that waited were shared by the two idle workers
     assert [r[0][0, 0] for r in results] == [2.0] * 2 + [2.0] * 10 + [3.0] * 2
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Wait (polling) until ``condition()`` holds: what a test waits for, not a guess of how long it takes."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.005)
 
 
 def _held_encoder(release: threading.Event):

@@ -41,7 +41,7 @@ def test_own_set_and_its_rewrites_are_left_out_and_the_nearest_others_kept():
     np.testing.assert_allclose(bank.expand(plain[:1], 2)[0], mean_fusion(plain[0], vectors[[0, 1]]), atol=1e-6)
 
 
-def test_cached_targets_belong_to_the_tower_that_made_them(shared_data, starter_bundle, tmp_path):
+def test_cached_targets_belong_to_the_tower_that_made_them(shared_data, whole_photo_starter_bundle, tmp_path):
     """A run directory reused with another starting tower (or a sweep's shared targets) recomputes the
     targets instead of handing the new tower the first one's."""
     import torch
@@ -52,7 +52,7 @@ def test_cached_targets_belong_to_the_tower_that_made_them(shared_data, starter_
     head = (shared_data / "coco-captions/train_captions.tsv").read_text().splitlines()[:61]
     (tmp_path / "sets.tsv").write_text("\n".join(head) + "\n")
     spec = load_recipe("robust-starter", [
-        f"model.image_bundle={starter_bundle}", "data.image_embeddings=null", f"data.text_captions={tmp_path / 'sets.tsv'}",
+        f"model.image_bundle={whole_photo_starter_bundle}", "data.image_embeddings=null", f"data.text_captions={tmp_path / 'sets.tsv'}",
         f"data.captions={shared_data / 'coco-mini/captions_train2017.json'}", "data.images=null", "data.text_per_batch=3",
         f"data.paraphrases.dataset={tmp_path / 'para.jsonl'}", "train.batch_size=4", "train.steps=1"])
     trainer = Trainer(spec, tmp_path / "run")
