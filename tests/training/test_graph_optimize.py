@@ -146,21 +146,22 @@ def test_models_optimize_fuses_an_old_bundle_and_rebuilds_int8_and_fp16(tiny_cli
     assert r.exit_code == 0 and "nothing fused" in r.output
 
 
-def test_models_optimize_records_the_side_by_side_evaluation(starter_bundle, shared_data, tmp_path):
+def test_models_optimize_records_the_side_by_side_evaluation(whole_photo_starter_bundle, shared_data, tmp_path):
     """The starter as exported before fusion, fused by the CLI with --eval-*: AO@10 and R@10 of the
-    exported and fused text towers recorded side by side, and equal."""
+    exported and fused text towers recorded side by side, and equal. (The whole-photo image side: the
+    evaluation embeds 159 photos, one classifier pass each.)"""
     import paraseek.training.torch_env  # noqa: F401
     from paraseek.cli import app
     from paraseek.training.export.hf_text import export_text_encoder
-    from paraseek.training.export.starter import IMAGE_SPACE, LITE_PREPROCESS, build_starter_modules, max_seq_length
+    from paraseek.training.export.starter import build_starter_modules, lite_preprocess, max_seq_length, starter_image_space
 
     bundle = tmp_path / "starter"
     bundle.mkdir()
-    shutil.copyfile(starter_bundle / "image.onnx", bundle / "image.onnx")
+    shutil.copyfile(whole_photo_starter_bundle / "image.onnx", bundle / "image.onnx")
     text, _, model_dir = build_starter_modules()
     export_text_encoder(text.eval(), model_dir / "tokenizer.json", bundle, name="unfused", version="1",
-                        image_space=IMAGE_SPACE, max_tokens=max_seq_length(model_dir),
-                        image_preprocess=LITE_PREPROCESS, optimize=False)
+                        image_space=starter_image_space(crop_grid=0), max_tokens=max_seq_length(model_dir),
+                        image_preprocess=lite_preprocess(crop_grid=0), optimize=False)
     r = CliRunner().invoke(app, ["models", "optimize", str(bundle),
                                  "--eval-pairs", str(shared_data / "paraphrase" / "cxc_dev_pairs.tsv"),
                                  "--eval-images", str(shared_data / "coco-mini" / "captions_val2017.json")])
