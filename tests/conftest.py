@@ -74,7 +74,7 @@ def _every_core():
 # other, and hold encoder sessions and indexes) until a full collection, which the interpreter seldom
 # runs: test processes grew to 5-6 GB each. After a test that left this process's private memory
 # COLLECT_AFTER_GROWTH_MB above where the last collection left it, collect and give the freed heap back.
-COLLECT_AFTER_GROWTH_MB = 400
+COLLECT_AFTER_GROWTH_MB = 250
 _private_after_collection = [0.0]
 
 
@@ -225,7 +225,9 @@ def embedded_starters(tmp_path_factory) -> Path:
 def starter_encoder(starter_bundle):
     from paraseek.core.encoder import Encoder
 
-    return Encoder(starter_bundle)
+    # no activation arena: a session-long encoder would keep its largest batch's activations (about 400 MB
+    # for the ten-view image tower) for the rest of the run in every test process
+    return Encoder(starter_bundle, memory_arena=False)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ def whole_photo_bundle(whole_photo_starter_bundle) -> Path:
 def whole_photo_encoder(starter_bundle):
     from paraseek.core.encoder import Encoder
 
-    return Encoder(starter_bundle)
+    return Encoder(starter_bundle, memory_arena=False)  # as the root's: no session-long activation arena
 
 
 @pytest.fixture(scope="session", name="starter_bank")
