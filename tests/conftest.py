@@ -468,7 +468,7 @@ class MilvusStandalone:
         SIGKILL after ``grace_s`` (a 2.3.5 standalone's graceful stop takes longer than 10 s here)."""
         if self.proc is None:
             return
-        stop_processes([self.proc.pid, *self._server_pids()], grace_s, reap=self.proc.poll)
+        stop_processes(self.pids(), grace_s, reap=self.proc.poll)
         self.proc.wait(10)
         self.proc = None
 
