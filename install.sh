@@ -30,7 +30,7 @@ fi
 # the installer and the build backend first, at their locked versions, so that the editable build
 # below runs on them (no build isolation: an isolated build would fetch whatever setuptools is newest)
 "$py" -m pip install -q "${pip_args[@]}" pip setuptools wheel
-"$py" -m pip install -q "${pip_args[@]}" --no-build-isolation -e ".[all]"
+"$py" -m pip install -q "${pip_args[@]}" --no-build-isolation -e ".[all,dev]"
 echo "$lock_sum" >"$VENV/.paraseek-lock"
 
 missing=()

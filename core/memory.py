@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
@@ -55,6 +56,72 @@ def freeze_long_lived() -> None:
     gc.unfreeze()
     release_free_memory()
     gc.freeze()
+
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything past 2**60
+# bytes is no limit either way
+NO_LIMIT = 2**60
+
+
+def available_memory_bytes(meminfo: str = "/proc/meminfo", proc_cgroup: str = "/proc/self/cgroup",
+                           cgroup_root: str = "/sys/fs/cgroup") -> float:
+    """What this process can still take: the host's MemAvailable, or less where its memory cgroup (a
+    container's or a pod's limit) has less room. Elsewhere, or unreadable, 8 GiB."""
+    host = None
+    try:
+        with open(meminfo) as f:
+            host = next((float(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        pass
+    room = cgroup_memory_room(proc_cgroup, cgroup_root)
+    known = [v for v in (host, room) if v is not None]
+    return min(known) if known else float(8 * 2**30)
+
+
+def cgroup_memory_room(proc_cgroup: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> float | None:
+    """Bytes left under the tightest memory limit of this process's cgroup and its ancestors (v2's
+    memory.max, v1's memory.limit_in_bytes): the limit less what is in use, reclaimable file cache
+    (inactive_file) not counted, as the kernel and the kubelet count a working set. None: no limit."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            files, base = ("memory.max", "memory.current", "inactive_file"), Path(cgroup_root)
+        elif "memory" in controllers.split(","):
+            files, base = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), Path(cgroup_root) / "memory"
+        else:
+            continue
+        # in a container the listed path may not exist under the mount (a cgroup namespace shows "/"):
+        # each ancestor that does counts, the mount's own root last
+        here = Path(path)
+        for folder in (base / here.relative_to("/"), *(base / p.relative_to("/") for p in here.parents)):
+            room = _cgroup_room(folder, *files)
+            if room is not None:
+                rooms.append(room)
+    return min(rooms) if rooms else None
+
+
+def _cgroup_room(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> float | None:
+    try:
+        limit_text = (folder / limit_file).read_text().strip()
+        if limit_text == "max" or int(limit_text) >= NO_LIMIT:
+            return None
+        usage = int((folder / usage_file).read_text())
+    except (OSError, ValueError):
+        return None
+    inactive = 0
+    try:
+        for stat in (folder / "memory.stat").read_text().splitlines():
+            key, _, value = stat.partition(" ")
+            if key == inactive_key:
+                inactive = int(value)
+    except (OSError, ValueError):
+        pass
+    return float(max(int(limit_text) - max(usage - inactive, 0), 0))
 
 
 _pause_lock = threading.Lock()

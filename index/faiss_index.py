@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from paraseek.core.errors import UserError
+from paraseek.core.memory import available_memory_bytes
 from paraseek.core.rank_metrics import overlap_recalls
 
 log = logging.getLogger(__name__)
@@ -91,18 +92,6 @@ def auto_index_type(count: int, dim: int, memory_gb: float | None = None) -> Ind
         return "flat"
     budget = (memory_gb * 2**30) if memory_gb is not None else available_memory_bytes() / 2
     return "ivf_fp16" if count * dim * 2 <= budget else "ivf_pq"
-
-
-def available_memory_bytes() -> float:
-    """MemAvailable from /proc/meminfo (Linux); elsewhere, or unreadable, 8 GiB."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(8 * 2**30)
 
 
 def create_index(spec: IndexSpec, dim: int) -> faiss.Index:

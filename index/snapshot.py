@@ -12,7 +12,6 @@ A build writes ``versions/.tmp-<version>``, fsyncs it, renames it into place and
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -25,9 +24,11 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+from filelock import FileLock
 from pydantic import ValidationError
 
 from paraseek.core.integrity import checksums, record_verified, verify_checksums
+from paraseek.core.memory import available_memory_bytes
 from paraseek.index.faiss_index import (
     BLAS_MIN_QUERIES,
     IVF_TYPES,
@@ -35,7 +36,6 @@ from paraseek.index.faiss_index import (
     ExactVectors,
     IndexSpec,
     apply_search_params,
-    available_memory_bytes,
     flat_rows,
     id_selector,
     masked_exact_search,
@@ -76,12 +76,10 @@ def writer_lock(root: Path):
     while a version name is taken and its staging folder made, while stale staging folders are removed,
     and while a version is published, activated or pruned; never while a version is built."""
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / WRITER_LOCK, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    # filelock: flock on POSIX, msvcrt's locking on Windows; a new lock object per call, so that two
+    # threads of one process exclude each other as two processes do
+    with FileLock(root / WRITER_LOCK, is_singleton=False, thread_local=False):
+        yield
 
 
 def _fsync_dir(path: Path) -> None:

@@ -14,12 +14,10 @@ import typer
 from paraseek.core.cli_support import console, err, user_errors
 from paraseek.core.errors import UserError
 from paraseek.loadtests import (  # bench_encoder imports torch only when run
-    bench_blas_kernel,
     bench_encoder,
     bench_expansion,
     bench_filters,
     bench_gpu,
-    bench_hubness,
     bench_index,
     bench_large,
     bench_service,
@@ -58,12 +56,8 @@ for _name, _main, _help in (
      "the server's private and file-backed memory, cold first query, recall, p50/p99 at concurrency 1 and 32 (--count, --work)."),
     ("expansion", bench_expansion.main, "What bank expansion, keep_first, the query head and the first-answer lead cost per "
      "request on the embedded default (--seconds, --rounds, --starter plain)."),
-    ("hubness", bench_hubness.main, "What hub correction costs on a large synthetic collection, against the same expansion "
-     "without it; --before DIR: an older checkout's server beside this one's (--size, --seconds, --rounds)."),
     ("filters", bench_filters.main, "Filtered ANN search: first-search cost of a new filter, then p50 with a bitmap vs a "
      "hash-set id selector (--size, --snapshot)."),
-    ("blas", bench_blas_kernel.main, "faiss' OpenBLAS kernel side by side (OpenBLAS's own choice vs paraseek's): merged "
-     "flat searches and the service at concurrency 32 (--kernels, --rounds)."),
     ("service", bench_service.main, "End-to-end latency/throughput at concurrency 1 and 32, micro-batching on vs off "
      "(options: --seconds; --bundle B --skip-demo serves a bundle of yours, on a GPU where onnxruntime has one)."),
     ("training", bench_training.main, "A training recipe's step on this machine's GPU (or CPU): seconds a step, texts/s, "

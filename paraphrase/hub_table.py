@@ -2,7 +2,7 @@
 computed once and kept on disk, so that ``hub_weight`` on a large collection costs a lookup a result instead
 of a product with the bank for every image a list shows for the first time (about 7 MFLOP an image, and most
 of a list's 100 results are new in a large collection: on 100K images, 2 cores, the robust default's p50 went
-from 1.34x to 1.14x that of the same expansion without the correction; ``loadtests/bench_hubness.py``).
+from 1.34x to 1.14x that of the same expansion without the correction; ``loadtests/research/bench_hubness.py``).
 
 A table is keyed by what its numbers depend on: the index version (its backend, name, creation time and
 size) and the bank (the tower that embedded it, its vectors); a file whose key or size does not match is never

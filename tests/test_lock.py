@@ -1,7 +1,7 @@
 """The application install is locked, the library keeps its ranges.
 
 constraints.txt (written by .ci/relock) pins every distribution that install.sh installs; every one of
-them that this environment holds (``paraseek[all]`` and what it requires, through the installed
+them that this environment holds (``paraseek[all,dev]`` and what it requires, through the installed
 metadata, and the installer's own pip, setuptools and wheel) must be the locked version, so that a
 dependency cannot be added, or drift, without the lock saying so. A tool a developer adds beside them
 (pytest-cov, ipython) is not the application's and is left alone. The wheel users embed keeps
@@ -42,7 +42,7 @@ def read_lock(text: str) -> dict[str, Version]:
 
 
 # what install.sh installs: the installer and build backend first, then the project with every extra
-INSTALLED_BY_INSTALL_SH = ("pip", "setuptools", "wheel", f"{PROJECT}[all]")
+INSTALLED_BY_INSTALL_SH = ("pip", "setuptools", "wheel", f"{PROJECT}[all,dev]")
 
 
 def installed_requirement_closure(roots=INSTALLED_BY_INSTALL_SH) -> tuple[dict[str, Version], list[str]]:

@@ -4,6 +4,9 @@ importable without the checkout, and pyproject.toml's ranges rather than the loc
 from __future__ import annotations
 
 import os
+import sysconfig
+import tarfile
+import venv
 import subprocess
 import sys
 import zipfile
@@ -14,6 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
+RESEARCH = "loadtests/research/"
 FOLDERS = ["core", "paraphrase", "index", "evaluation", "service", "training", "loadtests"]
 
 
@@ -38,10 +42,14 @@ def test_wheel_holds_every_module_and_data_file_of_the_folders(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     tracked = subprocess.run(["git", "ls-files", *FOLDERS], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    modules = [f for f in tracked if f.endswith(".py")]
+    modules = [f for f in tracked if f.endswith(".py") and not f.startswith(RESEARCH)]
     assert len(modules) > 80
     missing = [f for f in modules if f"paraseek/{f}" not in names]
     assert not missing
+    # what users run, not the research sweeps and results behind the numbers (they stay in the repository)
+    research = [f for f in tracked if f.startswith((RESEARCH, "loadtests/results/"))]
+    assert len(research) > 30 and [f for f in research if f"paraseek/{f}" in names] == []
+    assert "paraseek-0.1.0.dist-info/licenses/LICENSE" in names
     for data in ("service/static/index.html", "core/demo/captions.json", "training/recipes/robust-starter.yaml",
                  "paraphrase/data/ATTRIBUTION.md", "loadtests/grafana/paraseek-dashboard.json", "index/data/exact_scan.onnx",
                  "index/data/int8_products.onnx"):
@@ -89,3 +97,60 @@ def test_wheel_keeps_ranges(wheel):
     # the wheel carries pyproject.toml's ranges, not the lock's pins
     fastapi = [r for r in requires if canonicalize_name(r.name) == "fastapi"]
     assert fastapi and all(s.operator == ">=" for r in fastapi for s in r.specifier)
+
+
+@pytest.mark.quick
+def test_all_extra_holds_what_users_run_and_no_developer_tools(wheel):
+    """``pip install paraseek[all]`` is the product (CPU flavour): the test runner, linters, the browser
+    driver, the Milvus server binary and the pinned installer come only with ``dev``."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+
+    def extra_names(extra: str) -> set[str]:
+        return {canonicalize_name(r.name) for r in requires if r.marker is not None and r.marker.evaluate({"extra": extra})}
+
+    (own,) = [r for r in requires if canonicalize_name(r.name) == "paraseek" and r.marker.evaluate({"extra": "all"})]
+    assert "dev" not in own.extras and {"cpu", "serve", "train", "milvus"} <= set(own.extras)
+    reachable = set().union(*(extra_names(e) for e in own.extras))
+    assert {"onnxruntime", "fastapi", "torch", "pymilvus", "locust"} <= reachable
+    assert reachable.isdisjoint({"pytest", "ruff", "mypy", "playwright", "milvus", "pip", "uv", "mkdocs-material"})
+    assert {"pytest", "playwright", "milvus"} <= extra_names("dev")
+    assert "Classifier: Operating System :: POSIX :: Linux" in meta and "License-Expression: Apache-2.0" in meta
+
+
+def test_sdist_builds_a_wheel_that_installs_into_a_clean_environment(tmp_path):
+    """The source distribution is self-contained (the links followed, no git needed): a wheel built from
+    it alone installs into a new virtual environment, whose ``paraseek`` runs from that environment with
+    its package data. The clean environment borrows the already-installed dependencies through a path
+    entry, never this checkout or its editable install."""
+    build = [sys.executable, "-m", "build", "--no-isolation"]
+    subprocess.run([*build, "--sdist", "-o", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=600)
+    (sdist,) = (tmp_path / "dist").glob("paraseek-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        tf.extractall(tmp_path / "unpacked", filter="data")
+        assert not [m.name for m in tf.getmembers() if m.issym() or m.islnk()]
+    (source,) = (tmp_path / "unpacked").iterdir()
+    assert (source / "LICENSE").is_file() and not (source / ".git").exists()
+    subprocess.run([*build, "--wheel", "-o", str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=600)
+    (wheel_from_sdist,) = (tmp_path / "dist").glob("paraseek-*.whl")
+
+    env_dir = tmp_path / "clean"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel_from_sdist)],
+                   check=True, capture_output=True, timeout=600)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    # a .pth line adds a folder but runs none of the .pth files in it: the editable install stays out
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    code = ("import paraseek, paraseek.service.main\n"
+            "from paraseek.core.demo import GALLERY_DIR\n"
+            "print(paraseek.__file__)\n"
+            "print(len(list(GALLERY_DIR.glob('*.jpg'))))\n")
+    proc = subprocess.run([str(python), "-P", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    package_file, photos = proc.stdout.split()
+    assert Path(package_file).is_relative_to(site) and int(photos) == 76
+    cli = subprocess.run([str(env_dir / "bin" / "paraseek"), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0 and "serve" in cli.stdout, cli.stderr[-3000:]

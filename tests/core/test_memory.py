@@ -180,3 +180,51 @@ def test_server_encoders_sleep_between_calls_and_the_solo_session_spins_only_wit
     assert (_spin_config(both._text_session), _spin_config(both._solo_session)) == ((True, False), (True, False))
     # a batch job's encoder spins as onnxruntime does by default
     assert _spin_config(Encoder(starter_bundle, load_image=False)._text_session) == (True, False)
+
+
+def _cgroup_tree(tmp_path: Path, proc_line: str, files: dict[str, str]) -> tuple[str, str, str]:
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "cgroup-of-self").write_text(proc_line)
+    (tmp_path / "meminfo").write_text("MemTotal: 25165824 kB\nMemAvailable: 20971520 kB\n")  # 20 GiB free on the host
+    return str(tmp_path / "meminfo"), str(tmp_path / "cgroup-of-self"), str(root)
+
+
+def test_available_memory_is_the_containers_room_under_a_cgroup_v2_limit(tmp_path):
+    """A 4 GiB pod on a host with 20 GiB free: what the process may take is the pod's limit less its
+    working set (usage less inactive file cache), not the host's free memory."""
+    from paraseek.core.memory import available_memory_bytes, cgroup_memory_room
+
+    gib = 2**30
+    paths = _cgroup_tree(tmp_path, "0::/kubepods/pod1/ctr\n", {
+        "kubepods/pod1/ctr/memory.max": f"{4 * gib}\n",
+        "kubepods/pod1/ctr/memory.current": f"{3 * gib}\n",
+        "kubepods/pod1/ctr/memory.stat": f"anon {2 * gib}\ninactive_file {gib}\n",
+        "kubepods/pod1/memory.max": "max\n", "kubepods/pod1/memory.current": "1\n",
+    })
+    assert cgroup_memory_room(*paths[1:]) == 2 * gib
+    assert available_memory_bytes(*paths) == 2 * gib
+    # a tighter ancestor wins; a namespaced "/" path reads the mount's own files
+    paths = _cgroup_tree(tmp_path / "ns", "0::/\n", {"memory.max": f"{gib}\n", "memory.current": f"{gib // 4}\n"})
+    assert available_memory_bytes(*paths) == gib * 3 / 4
+
+
+def test_available_memory_under_cgroup_v1_and_without_a_limit(tmp_path):
+    from paraseek.core.memory import available_memory_bytes
+
+    gib = 2**30
+    v1 = _cgroup_tree(tmp_path, "4:memory:/docker/abc\n1:cpu:/docker/abc\n", {
+        "memory/docker/abc/memory.limit_in_bytes": f"{6 * gib}\n",
+        "memory/docker/abc/memory.usage_in_bytes": f"{gib}\n",
+        "memory/docker/abc/memory.stat": "cache 0\ntotal_inactive_file 0\n",
+    })
+    assert available_memory_bytes(*v1) == 5 * gib
+    # v1's "no limit" (2**63 - 4096) and v2's "max": the host's MemAvailable
+    unlimited = _cgroup_tree(tmp_path / "u", "4:memory:/\n0::/\n", {
+        "memory/memory.limit_in_bytes": "9223372036854771712\n", "memory/memory.usage_in_bytes": "5\n",
+        "memory.max": "max\n", "memory.current": "5\n",
+    })
+    assert available_memory_bytes(*unlimited) == 20 * gib
+    assert available_memory_bytes(str(tmp_path / "none"), str(tmp_path / "none"), str(tmp_path)) == 8 * gib

@@ -14,7 +14,7 @@ machine is 15K requests), paraseek's cache off. Prints per-round rows,
 then medians over rounds and the paraseek / infinity ratios (throughput: higher is better for
 paraseek; latency: infinity / paraseek, higher is better for paraseek).
 
-    python -m paraseek.loadtests.compare_infinity [--rounds 3] [--seconds 15] [--venv /tmp/infvenv]
+    python -m paraseek.loadtests.research.compare_infinity [--rounds 3] [--seconds 15] [--venv /tmp/infvenv]
         [--work DIR] [--data ../shared/data] [--out loadtests/results/compare_infinity.json]
         [--servers paraseek infinity] [--server-checkout DIR]
 """

@@ -8,7 +8,7 @@ computes hubness per image the first time a list shows it. Then the table as ``p
 ``paraseek index hub-table`` write it, before a server loads the version: its time there, and how long after
 the server answered ``/readyz`` each way of getting it left lists corrected per image (``/v1/info``).
 
-    python -m paraseek.loadtests.bench_hubness --data ../shared/data [--size 100000] [--before /tmp/before]
+    python -m paraseek.loadtests.research.bench_hubness --data ../shared/data [--size 100000] [--before /tmp/before]
         [--bundle B --bank DIR]
 """
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from paraseek.loadtests.compare_infinity import one_pass, summarize, unique_captions
+from paraseek.loadtests.research.compare_infinity import one_pass, summarize, unique_captions
 
 
 pytestmark = pytest.mark.quick

@@ -1,4 +1,4 @@
-"""loadtests/bench_blas_kernel.py: each kernel's process loads faiss on that kernel and measures its searches."""
+"""loadtests/research/bench_blas_kernel.py: each kernel's process loads faiss on that kernel and measures its searches."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import pytest
 
 from paraseek.index.builder import build_snapshot_from_vectors
 from paraseek.index.faiss_index import IndexSpec
-from paraseek.loadtests import bench_blas_kernel
+from paraseek.loadtests.research import bench_blas_kernel
 
 
 @pytest.mark.quick
@@ -27,7 +27,7 @@ def test_a_kernel_process_loads_faiss_on_its_kernel_and_rates_every_batch(shared
     build_snapshot_from_vectors(tmp_path / "vectors.npy", tmp_path / "snap", image_space="test/space",
                                 spec=IndexSpec(type="flat"), progress=False)
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    out = subprocess.run([sys.executable, "-m", "paraseek.loadtests.bench_blas_kernel", "--measure-index",
+    out = subprocess.run([sys.executable, "-m", "paraseek.loadtests.research.bench_blas_kernel", "--measure-index",
                           str(tmp_path / "snap"), "--data", str(shared_data)],
                          env={**env, **bench_blas_kernel.kernel_env("Prescott")}, capture_output=True, text=True, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])

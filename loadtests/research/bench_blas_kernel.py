@@ -3,7 +3,7 @@
 so each is measured in processes of its own: merged flat searches (batches of 1-64 queries, medians, in
 a fresh process per kernel), then two servers side by side at concurrency 32, runs alternating.
 
-    python -m paraseek.loadtests.bench_blas_kernel --work W [--kernels openblas paraseek] [--rounds 3]
+    python -m paraseek.loadtests.research.bench_blas_kernel --work W [--kernels openblas paraseek] [--rounds 3]
 
 ``openblas`` is OpenBLAS's own detection (``OPENBLAS_CORETYPE`` empty), ``paraseek`` the default (unset);
 any other name is passed on as ``OPENBLAS_CORETYPE``."""
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     index: dict[str, list[dict]] = {k: [] for k in args.kernels}
     for _ in range(args.rounds):
         for kernel in args.kernels:
-            out = subprocess.run([sys.executable, "-m", "paraseek.loadtests.bench_blas_kernel", "--measure-index", str(root),
+            out = subprocess.run([sys.executable, "-m", "paraseek.loadtests.research.bench_blas_kernel", "--measure-index", str(root),
                                   "--data", str(args.data)], env={**os.environ, **kernel_env(kernel)}, capture_output=True,
                                  text=True, check=True)
             index[kernel].append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -2,7 +2,7 @@
 the markdown tables of record (``robust_starter.md``'s sweeps, ``eval_compare.md``'s models and
 expansions, ...) and writes one table and one plot of AO@10 against T2I R@1 and against STS-B.
 
-    python -m paraseek.loadtests.pareto loadtests/results/robust_starter.md loadtests/results/eval_compare.md \
+    python -m paraseek.loadtests.research.pareto loadtests/results/robust_starter.md loadtests/results/eval_compare.md \
         --out loadtests/results/robust_pareto
 
 A row is on the front when no other row is at least as good on AO@10, R@1 and STS and better on one

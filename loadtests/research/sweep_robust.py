@@ -3,9 +3,9 @@ tower in process at several WiSE-FT alphas (no export per alpha), printing one J
 AO@10 / JS@10 / distinct images on paraphrase pairs over a gallery, T2I R@1/5/10 on the gallery's
 captions, STS-B Spearman. ``loadtests/results/robust_starter.md`` was measured with it.
 
-    python -m paraseek.loadtests.sweep_robust NAME [OVERRIDE ...] --data ../shared/data --out runs/sweep
+    python -m paraseek.loadtests.research.sweep_robust NAME [OVERRIDE ...] --data ../shared/data --out runs/sweep
 
-e.g. ``python -m paraseek.loadtests.sweep_robust t10 objective.temperature=0.1``. Rows are appended to
+e.g. ``python -m paraseek.loadtests.research.sweep_robust t10 objective.temperature=0.1``. Rows are appended to
 ``OUT/results.jsonl``; paraphrases and anchor targets are shared between runs through ``OUT``.
 """
 

@@ -1,8 +1,8 @@
-"""loadtests/bench_hubness.py against a real server: a small synthetic collection, the starter and its bank."""
+"""loadtests/research/bench_hubness.py against a real server: a small synthetic collection, the starter and its bank."""
 
 import pytest
 
-from paraseek.loadtests import bench_hubness
+from paraseek.loadtests.research import bench_hubness
 
 
 def test_bench_hubness_waits_for_the_table_and_prints_both_rows(starter_bundle, starter_bank, shared_data, tmp_path,

@@ -1,8 +1,8 @@
-"""loadtests/pareto.py: reading the tables of record and the front."""
+"""loadtests/research/pareto.py: reading the tables of record and the front."""
 
 import pytest
 
-from paraseek.loadtests.pareto import Point, main, pareto_front, read_points
+from paraseek.loadtests.research.pareto import Point, main, pareto_front, read_points
 
 pytestmark = pytest.mark.quick
 

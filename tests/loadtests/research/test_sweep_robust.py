@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from paraseek.loadtests.sweep_robust import shared_paraphrases
+from paraseek.loadtests.research.sweep_robust import shared_paraphrases
 from paraseek.training.recipe import ParaphraseSpec
 
 pytestmark = pytest.mark.quick
