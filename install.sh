@@ -3,8 +3,8 @@
 # a virtual environment (.venv) holding the package with all extras at the versions pinned in the lock
 # (constraints.txt: every distribution, torch's CPU build included), plus Debian's redis-server for the
 # service tests, docker-compose for validating the compose file, chromium for the search page's
-# browser tests and prometheus for load runs watched by it. Run it again after the lock changes: it
-# brings .venv to the lock.
+# browser tests, prometheus for load runs watched by it, and wordnet-base (WordNet's synonyms). Run it
+# again after the lock changes: it brings .venv to the lock.
 #   VENV=DIR   the environment to create or update (default .venv)
 #   TORCH_CPU_INDEX=URL   where torch's CPU wheel comes from when pip's own configuration has no
 #                         copy of it (default PyTorch's CPU index; used only where it resolves)
@@ -40,6 +40,8 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v chromium >/dev/null || missing+=(chromium)
 # Prometheus for `paraseek bench load --with-prometheus` and the dashboard's test
 command -v prometheus >/dev/null || missing+=(prometheus)
+# WordNet 3.0 (/usr/share/wordnet): synonyms for query expansion and consistency reports, out of the box
+[ -f /usr/share/wordnet/data.noun ] || missing+=(wordnet-base)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"

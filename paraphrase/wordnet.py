@@ -21,16 +21,85 @@ from paraseek.paraphrase import ParaphraseSourceUnavailable, substitution_varian
 log = logging.getLogger(__name__)
 
 
-def _wordnet():
-    try:
-        from nltk.corpus import wordnet
+# Debian's wordnet-base (install.sh installs it): WordNet 3.0's database files, the ones NLTK's zip holds
+DEBIAN_WORDNET = Path("/usr/share/wordnet")
+INSTALL_HINT = ("sudo apt-get install wordnet-base" if Path("/etc/debian_version").exists()
+                else "python -m nltk.downloader wordnet")
+# lexnames, the one database file NLTK reads that Debian's package leaves out (its content is in the
+# lexnames(5WN) manual page): the 45 lexicographer files of WordNet 3.0, in number order, with the
+# part of speech each holds (1 noun, 2 verb, 3 adjective, 4 adverb)
+LEXNAMES = tuple(zip(
+    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body noun.cognition "
+    "noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive noun.object "
+    "noun.person noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation noun.shape "
+    "noun.state noun.substance noun.time verb.body verb.change verb.cognition verb.communication verb.competition "
+    "verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception verb.possession "
+    "verb.social verb.stative verb.weather adj.ppl".split(),
+    "334111111111111111111111111112222222222222223", strict=True))
 
-        wordnet.ensure_loaded()
-    except (LookupError, ImportError, OSError) as exc:
-        raise ParaphraseSourceUnavailable(
-            "WordNet is not installed for NLTK (set NLTK_DATA to a folder with corpora/wordnet.zip)"
-        ) from exc
-    return wordnet
+
+def lexnames_file() -> str:
+    return "".join(f"{number:02d}\t{name}\t{pos}\n" for number, (name, pos) in enumerate(LEXNAMES))
+
+
+def _wordnet():
+    """WordNet from NLTK's data where NLTK finds it (NLTK_DATA, ~/nltk_data: what a user put there),
+    else Debian's database files read in place. One reader a process for each."""
+    root = _wordnet_root()
+    if root is None:
+        raise ParaphraseSourceUnavailable(f"WordNet is not installed: {INSTALL_HINT}")
+    return _english_wordnet(root)
+
+
+def _wordnet_root() -> str | None:
+    """Where the WordNet files are, found as NLTK's loader finds them (the zip first), else Debian's
+    folder; None: nowhere."""
+    try:
+        import nltk.data
+    except ImportError as exc:
+        raise ParaphraseSourceUnavailable("NLTK is not installed: pip install 'paraseek[serve]'") from exc
+    for name in ("corpora/wordnet.zip/wordnet/", "corpora/wordnet/"):
+        try:
+            found = nltk.data.find(name)
+        except LookupError:
+            continue
+        # "<...>/wordnet.zip/wordnet/" or a folder: the reader takes both as text
+        return f"{found.zipfile.filename}/{found.entry}" if hasattr(found, "zipfile") else found.path
+    return str(DEBIAN_WORDNET) if (DEBIAN_WORDNET / "data.noun").is_file() else None
+
+
+@lru_cache(maxsize=4)
+def _english_wordnet(root: str):
+    import io
+    import warnings
+
+    import nltk.data
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    class EnglishWordNet(WordNetCorpusReader):
+        """NLTK's reader over any WordNet 3.0 database folder: without the multilingual (OMW) tables,
+        whose sense-key map NLTK builds at every load (about 3 s) and the English synonyms never use,
+        and with lexnames supplied where a folder lacks it (Debian's)."""
+
+        def open(self, file):
+            try:
+                return super().open(file)
+            except OSError:
+                if file != "lexnames":
+                    raise
+                return io.StringIO(lexnames_file())
+
+        def map_wn(self, version="wordnet"):
+            return None
+
+    if ".zip" not in root and root not in nltk.data.path:  # NLTK reads corpora only under its data path
+        nltk.data.path.append(root)
+    try:
+        with warnings.catch_warnings():  # "multilingual functions are not available": English only
+            warnings.simplefilter("ignore", UserWarning)
+            return EnglishWordNet(root, None)
+    except (OSError, ValueError, AssertionError, LookupError) as exc:
+        raise ParaphraseSourceUnavailable(f"WordNet in {root} is unreadable ({exc}): {INSTALL_HINT}") from exc
 
 
 def general_sentences(cache_dir: Path | None = None) -> list[str]:
@@ -76,22 +145,15 @@ def _general_sentences(cache_dir: Path) -> tuple[str, ...]:
 def _corpus_key() -> str:
     """A short digest of the WordNet files NLTK reads (path, size, modification time) and NLTK's version,
     found as NLTK's loader finds them, without loading WordNet (3 s here)."""
-    try:
-        import nltk
-        import nltk.data
-    except ImportError:
-        _wordnet()  # raises: NLTK is not installed
-        raise
-    for name in ("corpora/wordnet.zip/wordnet/", "corpora/wordnet/"):  # the loader's order: the zip first
-        try:
-            root = nltk.data.find(name)
-            break
-        except LookupError:
-            continue
+    import nltk
+
+    root = _wordnet_root()
+    if root is None:
+        raise ParaphraseSourceUnavailable(f"WordNet is not installed: {INSTALL_HINT}")
+    if ".zip" in root:
+        files = [root[:root.index(".zip") + 4]]
     else:
-        root = _wordnet().root  # raises: WordNet is not installed
-    files = [root.zipfile.filename] if hasattr(root, "zipfile") else [
-        os.path.join(root.path, f"data.{pos}") for pos in ("noun", "verb", "adj", "adv")]
+        files = [os.path.join(root, f"data.{pos}") for pos in ("noun", "verb", "adj", "adv")]
     h = hashlib.blake2b(nltk.__version__.encode(), digest_size=8)
     for name in files:
         try:

@@ -135,3 +135,58 @@ def test_wordnet_general_sentences_are_given_where_they_cannot_be_cached(wordnet
     finally:
         _general_sentences.cache_clear()
     assert [p.name for p in tmp_path.iterdir()] == ["home"]  # nothing half-written
+
+
+_DEBIAN_PROBE = """
+import json
+from paraseek.paraphrase.wordnet import WordNetSource, _wordnet, _wordnet_root
+source = WordNetSource()
+words = ["kid", "automobile", "car", "man", "path", "photo", "sofa", "puppy"]
+print(json.dumps({"root": _wordnet_root(), "synonyms": {w: source.synonyms(w) for w in words},
+                  "nouns": sum(1 for _ in _wordnet().all_synsets("n"))}))
+"""
+
+
+@pytest.mark.quick
+def test_wordnet_out_of_the_box_reads_debians_files_as_nltks_own(wordnet, tmp_path):
+    """A fresh install has no NLTK data: WordNet is Debian's wordnet-base (install.sh installs it), read
+    where Debian puts it, and gives what NLTK's own copy of WordNet 3.0 gives."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from paraseek.paraphrase.wordnet import DEBIAN_WORDNET
+
+    assert (DEBIAN_WORDNET / "data.noun").is_file(), "install.sh installs Debian's wordnet-base"
+    (tmp_path / "empty").mkdir()
+    env = {**os.environ, "NLTK_DATA": str(tmp_path / "empty"), "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _DEBIAN_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    debian = json.loads(proc.stdout)
+    assert debian["root"] == str(DEBIAN_WORDNET)
+    assert debian["synonyms"] == {w: wordnet.synonyms(w) for w in debian["synonyms"]}
+    assert debian["synonyms"]["kid"] == ["child"] and debian["nouns"] == 82115
+
+
+@pytest.mark.quick
+def test_lexnames_supplied_for_debian_are_wordnets_own(shared_data):
+    """Debian's package leaves out lexnames; the one paraseek supplies is the file of NLTK's WordNet 3.0."""
+    import zipfile
+
+    from paraseek.paraphrase.wordnet import lexnames_file
+
+    with zipfile.ZipFile(shared_data / "nltk_data" / "corpora" / "wordnet.zip") as zf:
+        assert lexnames_file() == zf.read("wordnet/lexnames").decode()
+
+
+@pytest.mark.quick
+def test_without_wordnet_the_error_names_the_command_that_installs_it(tmp_path, monkeypatch):
+    import nltk.data
+
+    from paraseek.paraphrase import wordnet as wordnet_module
+
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
+    monkeypatch.setattr(wordnet_module, "DEBIAN_WORDNET", tmp_path / "wordnet")
+    with pytest.raises(ParaphraseSourceUnavailable, match="WordNet is not installed: .*(apt-get install wordnet-base|nltk.downloader wordnet)"):
+        wordnet_module.WordNetSource()
