@@ -21,19 +21,21 @@ def _default_home() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARASEEK_", env_file=None, extra="ignore")
 
-    # where the embedded default (starter bundle + demo snapshot) and caches live
-    home: Path = Field(default_factory=_default_home)
-    # None: the embedded default under ``home`` (see ``bundle_dir``/``snapshot_root``)
-    bundle: Path | None = None
-    snapshot: Path | None = None
+    home: Path = Field(default_factory=_default_home, description="where the embedded default (starter bundles, demo "
+                       "snapshot, caption bank) and caches live (default: ~/.cache/paraseek)")
+    bundle: Path | None = Field(None, description="the model bundle served (default: the embedded default's starter under "
+                                "PARASEEK_HOME)")
+    snapshot: Path | None = Field(None, description="the snapshot root served (default: the embedded demo gallery under "
+                                  "PARASEEK_HOME)")
     starter: Literal["robust", "plain"] = Field(
         "robust", description="which starter the embedded default serves: the robust text tower or plain MiniLM")
 
     # encoder and index runtime
-    # auto, on CPU: the int8 text tower where the bundle's manifest shows it agrees with fp32 (mean cosine
-    # >= 0.99) and loses at most 0.5 point of AO@10 and T2I R@10 (measured at export); on a GPU (CUDA or
-    # TensorRT provider): the fp16 tower where its cosine to fp32 is >= 0.999 everywhere; else fp32
-    precision: str = Field("auto", pattern="^(auto|fp32|fp16|int8)$")
+    precision: str = Field(
+        "auto", pattern="^(auto|fp32|fp16|int8)$", description="the text tower served. auto, on CPU: the int8 tower where "
+        "the bundle's manifest shows it agrees with fp32 (mean cosine >= 0.99) and loses at most 0.5 point of AO@10 and "
+        "T2I R@10 (measured at export); on a GPU (CUDA or TensorRT provider): the fp16 tower where its cosine to fp32 "
+        "is >= 0.999 everywhere; else fp32")
     providers: str | None = Field(
         None, pattern=r"^[A-Za-z]+( *, *[A-Za-z]+)*$", description="onnxruntime execution providers in order, comma "
         "separated: cuda, tensorrt, cpu or onnxruntime's full names (default: TensorRT where installed, CUDA, CPU, as "
@@ -69,8 +71,8 @@ class Settings(BaseSettings):
     snapshot_poll_s: float = Field(0, ge=0, description="> 0: reload when the current version changes (the snapshot "
                                    "root's `current`, or the Milvus alias): replicas pick up another replica's reindex")
 
-    # index backend: faiss (snapshots in a folder, the embedded default) or milvus (one collection per version)
-    index_backend: Literal["faiss", "milvus"] = "faiss"
+    index_backend: Literal["faiss", "milvus"] = Field(
+        "faiss", description="faiss: snapshots in a folder (the embedded default); milvus: one collection per version")
     milvus_uri: str | None = Field(None, description="a .db path (Milvus Lite, in-process) or http(s)://host:19530 "
                                    "(default: Milvus Lite at HOME/milvus/paraseek.db)")
     milvus_token: SecretStr | None = Field(None, description="user:password or an API key")
@@ -85,14 +87,13 @@ class Settings(BaseSettings):
     milvus_index_timeout_s: float = Field(3600.0, gt=0, description="how long a build waits for a server to index a "
                                           "new version before it fails (the version is published only once indexed)")
 
-    # micro-batching of concurrent requests' texts into one encoder call
-    batching: bool = True
+    batching: bool = Field(True, description="micro-batch concurrent requests' texts into one encoder call")
     max_batch_size: int | None = Field(None, ge=1, le=1024, description="texts per encoder call (default: 16 on CPU, 64 on GPU)")
     encoder_sub_batch: int | None = Field(
         None, ge=1, le=1024, description="texts per model run within an encoder call, the call's texts sorted by token "
         "count so each run pads little (default: 3 on CPU, the whole call in one run on a GPU)")
-    # continuous batching: a batch goes as soon as the encoder is free; an optional extra wait for company
-    max_wait_ms: float = Field(0.0, ge=0, le=1000)
+    max_wait_ms: float = Field(0.0, ge=0, le=1000, description="continuous batching sends a batch as soon as the encoder "
+                               "is free; this adds a wait for company")
     max_company_wait_ms: float = Field(
         2.0, ge=0, le=1000, description="while another encoder call runs, how long a batch waits for the requests of the "
         "current load not yet in hand (0: never); at low load nothing waits")
@@ -113,27 +114,27 @@ class Settings(BaseSettings):
                               "embedding it, a test session): there that collection walks the other work's heap too "
                               "(0.64 s a start in a test process holding torch)")
 
-    # caches: Redis when a URL is given, else an in-process LRU
-    redis_url: str | None = None
+    redis_url: str | None = Field(None, description="the cache: Redis at this URL (shared by replicas), else an "
+                                  "in-process LRU")
     redis_timeout_s: float = Field(0.25, gt=0, description="per Redis command")
     redis_connect_timeout_s: float = Field(0.25, gt=0, description="per new Redis connection")
     redis_retry_after_s: float = Field(5.0, ge=0, description="after the breaker opens, probe Redis again this often")
     redis_failures_to_open: int = Field(3, ge=1, description="consecutive timeouts before the cache is skipped")
-    embedding_ttl_s: int = Field(7 * 24 * 3600, ge=1)
-    result_ttl_s: int = Field(600, ge=1)
-    lru_size: int = Field(10_000, ge=0)
+    embedding_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long a cached query embedding lives")
+    result_ttl_s: int = Field(600, ge=1, description="how long a cached result list lives")
+    lru_size: int = Field(10_000, ge=0, description="entries of the in-process cache (without Redis)")
 
     # request limits
-    max_query_chars: int = Field(1000, ge=1)
-    max_body_bytes: int = Field(256 * 1024, ge=1024)
-    max_batch_queries: int = Field(64, ge=1)
+    max_query_chars: int = Field(1000, ge=1, description="characters of a query text")
+    max_body_bytes: int = Field(256 * 1024, ge=1024, description="body limit of the text routes")
+    max_batch_queries: int = Field(64, ge=1, description="requests in one /v1/search/batch call")
     max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="body limit of image queries (base64 included)")
     max_image_pixels: int = Field(40_000_000, ge=1, description="image queries with more pixels are refused before decoding")
     max_embedding_inputs: int = Field(256, ge=1, description="texts per /v1/embeddings call")
     consistency_threshold: float = Field(0.5, ge=0, le=1, description="mean AO@k at or above -> stable")
 
-    # admin routes are disabled unless a token is set
-    admin_token: SecretStr | None = None
+    admin_token: SecretStr | None = Field(None, description="bearer token of the admin routes (reindex, reload, "
+                                          "versions); unset: they answer 404")
     jobs_dir: Path | None = Field(None, description="where admin job records are kept (default: HOME/jobs); one folder per process: "
                                      "a starting service reports the unfinished records it finds there as interrupted")
     snapshot_keep_versions: int = Field(5, ge=2, description="published versions kept after a reindex (current and "
@@ -142,9 +143,9 @@ class Settings(BaseSettings):
                                       "sources and bundles (unset: sources only under the serving snapshot's own "
                                       "source folder, bundles only beside the serving bundle)")
 
-    # query expansion applied when a request names none (JSON of the request's `expansion`, e.g.
-    # {"method": "bank", "n": 30}); a request opts out with {"method": "none"}
-    default_expansion: str | None = None
+    default_expansion: str | None = Field(
+        None, description="query expansion applied when a request names none (JSON of the request's `expansion`, e.g. "
+        '{"method": "bank", "n": 30}; the embedded default has its own); a request opts out with {"method": "none"}')
     caption_bank: Path | None = Field(None, description="caption bank folder (default: the bundle's bank under HOME)")
     hub_tables: Path | None = Field(None, description="where each index version's hub table is kept (default: HOME/hub-tables); "
                                     "on the volume replicas share, every replica reads the table a reindex or "
@@ -156,12 +157,12 @@ class Settings(BaseSettings):
         "robust starter: the plain starter, whose sentence embeddings score higher on STS)")
 
     # paraphrase / expansion sources (service, CLI evaluation and training data generation alike)
-    ppdb_path: Path | None = None
-    llm_base_url: str | None = None
-    llm_model: str | None = None
-    llm_api_key: SecretStr | None = None
-    llm_timeout_s: float = Field(20.0, gt=0)
-    llm_retries: int = Field(2, ge=0)
+    ppdb_path: Path | None = Field(None, description="a PPDB lexical file for the `ppdb` paraphrase source")
+    llm_base_url: str | None = Field(None, description="an OpenAI-compatible endpoint for the `llm` paraphrase source")
+    llm_model: str | None = Field(None, description="the model the `llm` source asks")
+    llm_api_key: SecretStr | None = Field(None, description="the `llm` endpoint's API key")
+    llm_timeout_s: float = Field(20.0, gt=0, description="per `llm` endpoint call")
+    llm_retries: int = Field(2, ge=0, description="retries of a failed `llm` endpoint call")
     llm_deadline_s: float = Field(15.0, gt=0, description="all the endpoint calls for one text's paraphrases end by then "
                                   "(retries included): what came back by then is used")
     llm_cache: Path | None = Field(None, description="on-disk cache of LLM answers (default: HOME/llm-cache.jsonl)")
@@ -169,7 +170,7 @@ class Settings(BaseSettings):
                                    "in memory and, when the file doubles, on disk)")
 
     # logs and load tests
-    log_json: bool = True
+    log_json: bool = Field(True, description="log one JSON object a line (false: plain text)")
     load_queries: Path | None = Field(None, description="TSV (image_id, caption) the Locust users draw queries from")
 
     @property

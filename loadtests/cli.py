@@ -40,8 +40,14 @@ def encoder_cmd(
     sys.exit(bench_encoder.run(repeats=repeats, workdir=workdir, threads=threads or None))
 
 
+# name -> the benchmark module's main: its options are its argparse parser's (the CLI reference reads
+# them from there)
+PASS_THROUGH: dict[str, Callable[[list[str]], int]] = {}
+
+
 def _pass_through(name: str, main: Callable[[list[str]], int], help: str) -> None:
     """``paraseek bench NAME ...``: the benchmark module's own argparse options, passed on as given."""
+    PASS_THROUGH[name] = main
     def command(ctx: typer.Context) -> None:
         sys.exit(main(ctx.args))
 
@@ -71,7 +77,7 @@ for _name, _main, _help in (
 @app.command("load")
 @user_errors
 def load_cmd(
-    url: str = typer.Option("http://127.0.0.1:8000", help="A running paraseek service (nothing is started)."),
+    url: str = typer.Option("http://127.0.0.1:8000", envvar="PARASEEK_URL", help="A running paraseek service (nothing is started)."),
     users: int = typer.Option(20, min=1),
     spawn_rate: float = typer.Option(5.0, min=0.1),
     duration: int = typer.Option(30, min=1, help="Seconds."),
