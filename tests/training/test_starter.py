@@ -33,6 +33,25 @@ def test_class_names_are_imagenet_1k():
     assert len(names) == 1000 and names[0].startswith("tench") and "goldfish" in names[1]
 
 
+def test_shipped_prompt_embeddings_are_the_original_minilms(torch_towers, tmp_path):
+    """The image tower's prompt matrix ships with the package; it is what the original MiniLM gives the
+    prompts now, and prompts other than the shipped ones' are embedded anew rather than mismatched."""
+    from paraseek.training.export.hf_text import load_hf_encoder, minilm_dir
+    from paraseek.training.export.starter import (SentenceEncoder, embed_prompts, prompt_embeddings, prompt_texts,
+                                                  save_prompt_embeddings)
+
+    _, image = torch_towers
+    hf_model, model_dir = load_hf_encoder(minilm_dir())
+    original = SentenceEncoder(hf_model).eval()
+    texts = prompt_texts()
+    fresh = embed_prompts(original, model_dir / "tokenizer.json", texts)
+    assert fresh.shape == (1000, 384) and torch.allclose(image.prompts, fresh, atol=1e-5)
+    # a shipped file for other prompts is not taken
+    other = tmp_path / "other.npz"
+    save_prompt_embeddings(torch.zeros(1000, 384), [t + "!" for t in texts], other)
+    assert torch.allclose(prompt_embeddings(original, model_dir, other), fresh, atol=1e-6)
+
+
 def test_text_onnx_matches_torch(starter_encoder, torch_towers):
     text, _ = torch_towers
     batch = starter_encoder.tokenize(TEXTS)

@@ -26,20 +26,24 @@ ten classifier passes per photo instead of one (loadtests/results/robust_starter
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
+
+import numpy as np
 
 import paraseek.training.torch_env  # noqa: F401  (torchvision shim before torch-side imports)
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paraseek.core.bundle import ImagePreprocess, Int8Evaluation, read_manifest
+from paraseek.core.bundle import ImagePreprocess, Int8Evaluation, TowerSpec, read_manifest
 from paraseek.core.demo import demo_captions
 from paraseek.core.errors import UserError
 from paraseek.core.tokenizer import load_tokenizer
 from paraseek.training.export.quantize import quantize_text_tower, record_int8_evaluation
+from paraseek.training.export.manifest import ship_image_tower
 from paraseek.training.export.hf_text import SentenceEncoder, export_text_encoder, load_hf_encoder, max_seq_length, minilm_dir
 from paraseek.training.export.onnx_export import export_onnx
 from paraseek.training.export.starter_release import CROP_GRID, ROBUST_NAME, STARTER_NAME, STARTER_VERSION
@@ -48,6 +52,10 @@ from paraseek.training.export.starter_release import CROP_GRID, ROBUST_NAME, STA
 ROBUST_LAYERS = Path(__file__).resolve().parent.parent / "assets" / "robust-starter.safetensors"
 # fp32 vs int8 of each starter, measured at release (see the file's "about")
 INT8_EVALUATIONS = Path(__file__).resolve().parent.parent / "assets" / "int8-evaluations.json"
+# the 1000 prompts embedded by the original MiniLM (5 s of every first start on 2 cores), as embed_prompts
+# makes them, with a digest of the prompt texts they embed: a release whose prompts or class names differ
+# embeds them again (tests/training/test_starter.py checks the shipped ones are what embed_prompts gives)
+PROMPT_EMBEDDINGS = Path(__file__).resolve().parent.parent / "assets" / "imagenet-prompt-embeddings.npz"
 TOP_T = 15
 CLASS_TEMPERATURE = 1.35
 PROMPT = "a photo of a {}"
@@ -134,11 +142,35 @@ def embed_prompts(encoder: SentenceEncoder, tokenizer_file: Path, texts: list[st
     return torch.cat(out)
 
 
+def prompt_texts() -> list[str]:
+    return [PROMPT.format(c) for c in imagenet_class_names()]
+
+
+def texts_digest(texts: list[str]) -> str:
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()
+
+
+def save_prompt_embeddings(embeddings: torch.Tensor, texts: list[str], path: Path = PROMPT_EMBEDDINGS) -> None:
+    np.savez_compressed(path, embeddings=embeddings.numpy().astype(np.float32), texts_sha256=np.array(texts_digest(texts)))
+
+
+def prompt_embeddings(text: SentenceEncoder, model_dir: Path, path: Path = PROMPT_EMBEDDINGS) -> torch.Tensor:
+    """The prompt matrix of the image tower: the shipped one where it embeds these very prompts, else
+    embedded now by ``text`` (the original MiniLM)."""
+    texts = prompt_texts()
+    try:
+        with np.load(path) as shipped:
+            if str(shipped["texts_sha256"]) == texts_digest(texts):
+                return torch.from_numpy(shipped["embeddings"])
+    except FileNotFoundError:
+        pass
+    return embed_prompts(text, model_dir / "tokenizer.json", texts)
+
+
 def build_starter_modules() -> tuple[SentenceEncoder, StarterImageTower, Path]:
     hf_model, model_dir = load_hf_encoder(minilm_dir())
     text = SentenceEncoder(hf_model).eval()
-    prompts = embed_prompts(text, model_dir / "tokenizer.json", [PROMPT.format(c) for c in imagenet_class_names()])
-    image = StarterImageTower(load_efficientnet_lite0(), prompts).eval()
+    image = StarterImageTower(load_efficientnet_lite0(), prompt_embeddings(text, model_dir)).eval()
     return text, image, model_dir
 
 
@@ -192,26 +224,31 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
     export_onnx(image, (example,), out / "image.onnx", ["pixel_values"], {"pixel_values": {0: "batch"}})
     # the robust and plain starters are one build's two text towers: the plain one goes first, before
     # the tuned layers change the MiniLM weights both start from
+    image_tower = None
     if plain_out is not None:
         plain = Path(plain_out)
         plain.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "image.onnx", plain / "image.onnx")
         _write_starter_text_tower(text, model_dir, plain, STARTER_NAME, dict(source), preprocess, crop_grid, int8,
                                   calibration_texts)
+        # the image tower as the plain bundle's build fused and checked it: not fused and checked again
+        image_tower, _ = ship_image_tower(plain, out, starter_image_space(crop_grid))
     if tuned_layers is not None:
         name = ROBUST_NAME
         source["robust_text_tower"] = {"weights": tuned_layers.name, **apply_tuned_layers(text, tuned_layers)}
-    return _write_starter_text_tower(text, model_dir, out, name, source, preprocess, crop_grid, int8, calibration_texts)
+    return _write_starter_text_tower(text, model_dir, out, name, source, preprocess, crop_grid, int8, calibration_texts,
+                                     image_tower)
 
 
 def _write_starter_text_tower(text: SentenceEncoder, model_dir: Path, out: Path, name: str, source: dict,
                               preprocess: ImagePreprocess, crop_grid: int, int8: bool,
-                              calibration_texts: list[str] | None):
-    """The text tower, its int8 copy and the manifest of a starter bundle whose ``image.onnx`` is written."""
+                              calibration_texts: list[str] | None, image_tower: TowerSpec | None = None):
+    """The text tower, its int8 copy and the manifest of a starter bundle whose ``image.onnx`` is written
+    (``image_tower``: its entry, where it comes fused from another bundle)."""
     manifest = export_text_encoder(
         text.eval(), model_dir / "tokenizer.json", out,
         name=name, version=STARTER_VERSION, image_space=starter_image_space(crop_grid),
-        max_tokens=max_seq_length(model_dir), source=source, image_preprocess=preprocess,
+        max_tokens=max_seq_length(model_dir), source=source, image_preprocess=preprocess, image_tower=image_tower,
     )
     if int8:
         spec = quantize_text_tower(out, calibration_texts or demo_captions(),
