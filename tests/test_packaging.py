@@ -21,11 +21,26 @@ RESEARCH = "loadtests/research/"
 FOLDERS = ["core", "paraphrase", "index", "evaluation", "service", "training", "loadtests"]
 
 
+BUILD = [sys.executable, "-m", "build", "--no-isolation"]
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def sdist(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sdist")
+    subprocess.run([*BUILD, "--sdist", "-o", str(out), str(ROOT)], check=True, capture_output=True, timeout=600)
+    (path,) = out.glob("paraseek-*.tar.gz")
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheel(sdist, tmp_path_factory) -> Path:
+    """Built as pip builds a release: from the sdist, unpacked (no git, no links, and no leftovers of
+    this checkout's own build folder)."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-                   check=True, capture_output=True, timeout=600)
+    with tarfile.open(sdist) as tf:
+        tf.extractall(out / "unpacked", filter="data")
+    (source,) = (out / "unpacked").iterdir()
+    subprocess.run([*BUILD, "--wheel", "-o", str(out), str(source)], check=True, capture_output=True, timeout=600)
     (path,) = out.glob("paraseek-*.whl")
     return path
 
@@ -119,22 +134,16 @@ def test_all_extra_holds_what_users_run_and_no_developer_tools(wheel):
     assert "Classifier: Operating System :: POSIX :: Linux" in meta and "License-Expression: Apache-2.0" in meta
 
 
-def test_sdist_builds_a_wheel_that_installs_into_a_clean_environment(tmp_path):
-    """The source distribution is self-contained (the links followed, no git needed): a wheel built from
-    it alone installs into a new virtual environment, whose ``paraseek`` runs from that environment with
-    its package data. The clean environment borrows the already-installed dependencies through a path
-    entry, never this checkout or its editable install."""
-    build = [sys.executable, "-m", "build", "--no-isolation"]
-    subprocess.run([*build, "--sdist", "-o", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=600)
-    (sdist,) = (tmp_path / "dist").glob("paraseek-*.tar.gz")
+def test_sdist_builds_a_wheel_that_installs_into_a_clean_environment(sdist, wheel, tmp_path):
+    """The source distribution is self-contained (links followed, LICENSE in it, no git needed): the
+    wheel built from it alone installs into a new virtual environment, whose ``paraseek`` runs from that
+    environment with its package data. The clean environment borrows the already-installed dependencies
+    through a path entry, never this checkout or its editable install."""
     with tarfile.open(sdist) as tf:
-        tf.extractall(tmp_path / "unpacked", filter="data")
+        names = tf.getnames()
         assert not [m.name for m in tf.getmembers() if m.issym() or m.islnk()]
-    (source,) = (tmp_path / "unpacked").iterdir()
-    assert (source / "LICENSE").is_file() and not (source / ".git").exists()
-    subprocess.run([*build, "--wheel", "-o", str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=600)
-    (wheel_from_sdist,) = (tmp_path / "dist").glob("paraseek-*.whl")
-
+    assert "paraseek-0.1.0/LICENSE" in names and not [n for n in names if "/.git/" in n]
+    wheel_from_sdist = wheel
     env_dir = tmp_path / "clean"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
