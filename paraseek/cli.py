@@ -102,13 +102,22 @@ def serve_cmd(
     """
     from paraseek.core.settings import Settings
     from paraseek.service.main import run as run_service
-    from paraseek.training.embedded import ensure_embedded_default, with_embedded_defaults
+    from paraseek.training.embedded import ensure_embedded_default, pending_first_answer, start_first_answer_build, with_embedded_defaults
 
     settings = Settings()
+    pending, build = None, None
     if settings.embedded_default:
-        ensure_embedded_default(settings)
+        # the first answer needs only the robust starter: its first-answer bundle is built beside the server,
+        # which serves it once it is in place
+        ensure_embedded_default(settings, first_answer_now=False)
+        pending = pending_first_answer(settings)
         settings = with_embedded_defaults(settings)
-    run_service(host=host, port=port, settings=settings)
+        build = start_first_answer_build(settings) if pending is not None else None
+    try:
+        run_service(host=host, port=port, settings=settings, first_answer_pending=pending)
+    finally:
+        if build is not None and build.poll() is None:
+            build.terminate()  # its staging folder goes at the next start's build
 
 
 @app.command("demo")
@@ -128,7 +137,7 @@ def demo_cmd(
     from paraseek.index.snapshot import Snapshot
     from paraseek.training.embedded import ensure_embedded_default
 
-    bundle, snap_root = ensure_embedded_default(Settings(), rebuild, with_bank=False)
+    bundle, snap_root = ensure_embedded_default(Settings(), rebuild, with_bank=False, first_answer_now=False)
     enc = Encoder(bundle, threads=1)
     snap = Snapshot.load(snap_root, image_space=enc.image_space, threads=1)
     queries = queries or DEMO_QUERIES

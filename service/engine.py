@@ -17,6 +17,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
@@ -59,6 +60,7 @@ from paraseek.service.runtime import (
     encoder_id,
     encoder_workers,
     load_active,
+    load_first_answer_bundle,
     load_snapshot,
     text_sub_batch,
     validate_snapshot,
@@ -68,6 +70,7 @@ from paraseek.service.schemas import EmbeddingsRequest, Expansion, SearchRequest
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_LOAD_S = 5.0  # a service that could not load its index at start tries again this often
+FIRST_ANSWER_POLL_S = 1.0  # how often a first start's server looks for the first-answer bundle built beside it
 # an encoder call of at most this many texts runs on every core when its request is the only one in
 # flight: it carries 1 text, or 4 with a consistency report
 SOLO_MAX_TEXTS = 4
@@ -127,8 +130,11 @@ class SearchEngine:
     request pipeline (texts -> encoder batch -> index batch -> results), its caches and back-pressure.
     The FastAPI app (``paraseek.service.main``) is a thin adapter over it."""
 
-    def __init__(self, settings: Settings, metrics: ServiceMetrics):
+    def __init__(self, settings: Settings, metrics: ServiceMetrics, first_answer_pending: Path | None = None):
+        """``first_answer_pending``: a first-answer bundle being built beside the server (the embedded
+        default's first start), served once it is in place."""
         self.settings = settings
+        self.first_answer_pending = first_answer_pending
         self.metrics = metrics
         self.active: Active | None = None
         self.cache = Cache(
@@ -186,6 +192,9 @@ class SearchEngine:
         # start (an index backend that was not up yet) until it loads
         if self.settings.snapshot_poll_s > 0 or self.active is None:
             self._watcher = asyncio.create_task(self._watch_snapshot(), name="snapshot-watcher")
+        if self.first_answer_pending is not None:
+            self._first_answer_watch = asyncio.create_task(self._await_first_answer(self.first_answer_pending),
+                                                           name="first-answer")
         # warm WordNet (and the caption bank of a default bank expansion) in the background so the
         # first request that needs them does not pay for it; /readyz says "warming up" until then
         self._preload = asyncio.create_task(asyncio.to_thread(self._warm_up), name="warm-up")
@@ -196,10 +205,8 @@ class SearchEngine:
         return preload is not None and preload.done()
 
     def _warm_up(self) -> None:
-        try:
-            self.expansion_sources.paraphrase_source("wordnet", "expansion.method")
-        except RequestError:
-            pass  # not installed: requests that ask for it get a 400
+        # what every request of a default bank expansion needs first (the bank and its hub table), then
+        # WordNet, which only consistency reports and rewrite expansions ask for (3-5 s, mostly Python)
         active, expansion = self.active, self.default_expansion
         method = EXPANSIONS.get(expansion.method) if expansion is not None else None  # None for "none"
         if active is not None and expansion is not None and (expansion.hub_weight or (method is not None and method.uses_bank)):
@@ -209,12 +216,17 @@ class SearchEngine:
                     self.expansion_sources.start_hub_table(active)
             except RequestError as exc:
                 log.warning("default expansion %r unavailable: %s", expansion.method, exc)
+        try:
+            self.expansion_sources.paraphrase_source("wordnet", "expansion.method")
+        except RequestError:
+            pass  # not installed: requests that ask for it get a 400
         if self.settings.freeze_heap:
             freeze_long_lived()  # what is loaded by now lives as long as the service (or until a swap)
 
     async def stop(self) -> None:
-        if getattr(self, "_watcher", None) is not None:
-            self._watcher.cancel()
+        for task in (getattr(self, "_watcher", None), getattr(self, "_first_answer_watch", None)):
+            if task is not None:
+                task.cancel()
         await self.encoder_batcher.stop()
         await self.index_batcher.stop()
         self.expansion_sources.shutdown()
@@ -257,6 +269,27 @@ class SearchEngine:
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have
                 log.warning("snapshot not loaded: %s: %s", type(exc).__name__, exc)
+
+    async def _await_first_answer(self, bundle: Path) -> None:
+        """Serve the first-answer bundle once its build has moved it into place whole; requests are
+        answered without it meanwhile (no lead_margin, the served tower's sentence embeddings)."""
+        while True:
+            await asyncio.sleep(FIRST_ANSWER_POLL_S)
+            active = self.active
+            if active is None or not (bundle / "manifest.json").is_file():
+                continue
+            if active.first_answer is not None:
+                return
+            try:
+                first = await asyncio.to_thread(load_first_answer_bundle, bundle, self.settings, active.encoder)
+                self.swap(replace(active, first_answer=first), replaces=active)
+            except StaleSwap:
+                continue  # a reload or reindex came in between: added to what serves now at the next look
+            except Exception as exc:
+                log.warning("first-answer bundle %s not served: %s: %s", bundle, type(exc).__name__, exc)
+                return
+            log.info("now serving the first-answer bundle %s", bundle)
+            return
 
     def swap(self, active: Active, replaces: Active | None, publish: Callable[[], None] | None = None) -> None:
         """Serve ``active`` in place of ``replaces``, the one the caller read before its slow work

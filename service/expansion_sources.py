@@ -48,6 +48,9 @@ class ExpansionSources:
         self._prepared_hub_tables: dict[tuple[str, str], HubTable] = {}  # a reindex's, until its version serves
         self._hub_table_failed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        # loading a paraphrase source takes seconds (WordNet: 3-5 s); a lock of its own keeps the bank and
+        # hub lookups of every request from waiting behind it
+        self._sources_lock = threading.Lock()
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -56,7 +59,7 @@ class ExpansionSources:
         """``usual_only``: expansion rewrites toward more usual wording (which raises consistency); a
         consistency report asks for every reliable rephrasing instead (it tests the answers' stability)."""
         key = f"{method}:{usual_only}"
-        with self._lock:
+        with self._sources_lock:
             if key not in self._sources:
                 try:
                     self._sources[key] = make_source(method, self.settings, usual_only=usual_only)

@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -130,10 +131,11 @@ def _error(status: int, loc: list, msg: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": kind}]}, status_code=status)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, first_answer_pending: Path | None = None) -> FastAPI:
+    """``first_answer_pending``: a first-answer bundle built beside the server (``SearchEngine``)."""
     settings = settings or Settings()
     metrics = ServiceMetrics()
-    engine = SearchEngine(settings, metrics)
+    engine = SearchEngine(settings, metrics, first_answer_pending)
     jobs = JobManager(engine, store=settings.jobs_path)
 
     @asynccontextmanager
@@ -205,11 +207,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = None) -> None:
+def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = None,
+        first_answer_pending: Path | None = None) -> None:
     """One process: the encoder uses every core for each batch, so more workers would contend."""
     import uvicorn
 
     settings = settings or Settings()
     configure_logging(settings.log_json)
     limit_pthread_blas()  # this process's parallelism is the encoder's and faiss' threads
-    uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
+    uvicorn.run(create_app(settings, first_answer_pending), host=host, port=port, log_config=None, access_log=False)

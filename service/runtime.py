@@ -113,14 +113,19 @@ def load_active(bundle, store: SnapshotStore, settings: Settings, precision: str
 
 
 def load_first_answer(settings: Settings, encoder: Encoder) -> Encoder | None:
-    """The first-answer tower (PARASEEK_FIRST_ANSWER_BUNDLE), text only, refused unless it embeds into the
-    served encoder's image space (its first answers are searched in the same index)."""
+    """The first-answer tower (PARASEEK_FIRST_ANSWER_BUNDLE), if one is configured."""
     if settings.first_answer_bundle is None:
         return None
-    first = load_encoder(settings.first_answer_bundle, settings, load_image=False)
+    return load_first_answer_bundle(settings.first_answer_bundle, settings, encoder)
+
+
+def load_first_answer_bundle(bundle, settings: Settings, encoder: Encoder) -> Encoder:
+    """A first-answer tower, text only, refused unless it embeds into the served encoder's image space (its
+    first answers are searched in the same index)."""
+    first = load_encoder(bundle, settings, load_image=False)
     if first.image_space != encoder.image_space:
-        raise BundleError(f"PARASEEK_FIRST_ANSWER_BUNDLE {settings.first_answer_bundle} embeds into image space "
-                          f"{first.image_space!r}, not the served bundle's {encoder.image_space!r}")
+        raise BundleError(f"first-answer bundle {bundle} embeds into image space {first.image_space!r}, not the "
+                          f"served bundle's {encoder.image_space!r}")
     return first
 
 

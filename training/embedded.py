@@ -8,7 +8,12 @@ is missing (a machine without torch serves a prebuilt bundle and is told how to 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from paraseek.core.bundle import read_manifest
@@ -24,6 +29,10 @@ from paraseek.paraphrase.query_head import HEAD_FILE
 from paraseek.training.export.starter_release import ROBUST_NAME, STARTER_NAME, STARTER_VERSION
 
 log = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".building-"  # a first-answer bundle being built: moved into place only complete
+# the first-answer build runs beside the first start's server: a lower priority keeps the CPU for requests
+FIRST_ANSWER_NICENESS = 10
 
 STARTER_MISSING = (
     "the starter bundle is missing at {path} and torch is not installed here ({error}). Build it once on a "
@@ -51,17 +60,18 @@ def outdated_starter(bundle: Path) -> str | None:
 
 
 def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress: bool = True,
-                            with_bank: bool = True) -> tuple[Path, Path]:
+                            with_bank: bool = True, first_answer_now: bool = True) -> tuple[Path, Path]:
     """(bundle dir, snapshot root) of the embedded default, each built if missing (or ``rebuild``, or the
     starter is of an older release), with the robust starter's first-answer bundle (the plain starter,
     unless PARASEEK_FIRST_ANSWER_BUNDLE names one); ``with_bank``: also the caption bank its default
-    expansion uses (about 30 s once)."""
+    expansion uses. ``first_answer_now=False``: not the first-answer bundle, which the caller builds
+    beside a server that answers meanwhile (``pending_first_answer``, ``start_first_answer_build``)."""
     bundle, snap_root = settings.starter_bundle_dir, settings.snapshot_root
     built = (bundle / "manifest.json").is_file()
     older = outdated_starter(bundle) if built and not rebuild else None
     # the robust starter's first-answer bundle (the plain starter's sentence embeddings and first answers
     # beside it) is the plain starter, written by the same build
-    first_answer = settings.plain_starter_bundle_dir if _plain_starter_leads(settings) else None
+    first_answer = settings.plain_starter_bundle_dir if _plain_starter_leads(settings) and first_answer_now else None
     if rebuild or not built or older is not None:
         try:
             # torch, lazily: only building the starter needs it
@@ -81,16 +91,9 @@ def ensure_embedded_default(settings: Settings, rebuild: bool = False, progress:
                         f" and its first-answer bundle in {first_answer}" if first_answer is not None else "")
             build_starter(bundle, tuned_layers=ROBUST_LAYERS if settings.starter == "robust" else None,
                           plain_out=first_answer)
-    if first_answer is not None and not _current_starter(first_answer):
+    if first_answer is not None and pending_first_answer(settings) is not None:
         # a robust starter built before it came with one (or torch is missing: it serves without one)
-        try:
-            from paraseek.training.export.starter import build_starter
-        except ImportError as exc:
-            log.warning("no first-answer bundle in %s and torch is not installed here to build it (%s): the robust "
-                        "starter serves without one (no lead_margin, no plain sentence embeddings)", first_answer, exc)
-        else:
-            log.warning("building the robust starter's first-answer bundle (the plain starter) in %s ...", first_answer)
-            build_starter(first_answer)
+        build_first_answer(settings)
     if on_gpu_host(settings) and read_manifest(bundle, verify=False).text_fp16 is None:
         # what `auto` serves on a GPU; a bundle built on a CPU host gets it at its first GPU start
         from paraseek.core.demo import demo_captions
@@ -148,6 +151,79 @@ EMBEDDED_DEFAULT_EXPANSION = {
 PLAIN_DEFAULT_WITHOUT_HEAD = '{"method": "bank", "n": 30, "fusion": "mean", "keep_first": 1}'
 
 
+def pending_first_answer(settings: Settings) -> Path | None:
+    """Where the embedded robust starter's first-answer bundle (the plain starter) is still to be built,
+    or None: it is there and current, another one is configured, or torch is missing to build it (the
+    robust starter then serves without one: no lead_margin, no plain sentence embeddings)."""
+    target = settings.plain_starter_bundle_dir
+    if not _plain_starter_leads(settings) or _current_starter(target):
+        return None
+    if not _torch_installed():
+        log.warning("no first-answer bundle in %s and torch is not installed here to build it: the robust starter "
+                    "serves without one (no lead_margin, no plain sentence embeddings)", target)
+        return None
+    return target
+
+
+def build_first_answer(settings: Settings) -> Path:
+    """Build the robust starter's first-answer bundle from the built robust one, in a staging folder beside
+    its place, and move it there whole: a server waiting for it loads it only complete. An outdated one is
+    replaced; a staging folder whose builder died is removed."""
+    from paraseek.training.export.starter import build_first_answer_starter
+
+    target = settings.plain_starter_bundle_dir
+    for abandoned in target.parent.glob(f"{STAGING_PREFIX}{target.name}-*"):
+        if not _process_alive(abandoned.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(abandoned, ignore_errors=True)
+    staging = target.with_name(f"{STAGING_PREFIX}{target.name}-{os.getpid()}")
+    log.warning("building the robust starter's first-answer bundle (the plain starter) in %s ...", target)
+    try:
+        build_first_answer_starter(settings.starter_bundle_dir, staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def start_first_answer_build(settings: Settings) -> subprocess.Popen:
+    """``build_first_answer`` in a process of its own (torch stays out of the server's), at a lower CPU
+    priority than the server that answers beside it."""
+    env = {**os.environ, "PARASEEK_HOME": str(settings.home), "PARASEEK_STARTER": settings.starter}
+    return subprocess.Popen([sys.executable, "-m", "paraseek.training.embedded"], env=env)
+
+
+def _torch_installed() -> bool:
+    """Without importing it (the server process stays without torch)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ValueError:  # imported and then taken out (``sys.modules["torch"] = None``)
+        return False
+
+
+def _process_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def main() -> int:
+    """``python -m paraseek.training.embedded``: build the embedded default's first-answer bundle where it
+    is still to be built (what ``paraseek serve`` runs beside a first start's server)."""
+    if hasattr(os, "nice"):
+        os.nice(FIRST_ANSWER_NICENESS)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings()
+    if pending_first_answer(settings) is not None:
+        build_first_answer(settings)
+    return 0
+
+
 def _bank_has_head(settings: Settings) -> bool:
     path = settings.caption_bank
     if path is None:
@@ -181,3 +257,7 @@ def with_embedded_defaults(settings: Settings) -> Settings:
             expansion = PLAIN_DEFAULT_WITHOUT_HEAD
         update["default_expansion"] = expansion
     return settings.model_copy(update=update)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -878,6 +878,36 @@ def test_a_default_hub_weight_builds_the_versions_hub_table_at_start(make_settin
 
 
 @pytest.mark.above_the_index
+def test_a_first_answer_bundle_built_beside_the_server_is_served_once_in_place(make_settings, starter_bank,
+                                                                              whole_photo_robust_bundle, tmp_path):
+    """A first start's server answers before its first-answer bundle is built (``paraseek serve`` builds it
+    in another process) and serves it once the build has moved it into place whole: /v1/info names it, and
+    a request's lead_margin, refused before, is answered."""
+    import os
+    import shutil
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    pending = tmp_path / "bundles" / "starter"
+    lead = {"query": "a puppy resting on a sofa", "k": 3, "expansion": {"method": "bank", "n": 6, "lead_margin": 0.05}}
+    with TestClient(create_app(make_settings(caption_bank=starter_bank.path), first_answer_pending=pending)) as c:
+        assert c.post("/v1/search", json={"query": "a dog on a couch", "k": 3}).status_code == 200
+        assert c.get("/v1/info").json()["first_answer"] is None
+        assert_error_names(c.post("/v1/search", json=lead), ["body", "expansion", "lead_margin"], status=400)
+        shutil.copytree(whole_photo_robust_bundle, tmp_path / "staging")
+        pending.parent.mkdir()
+        os.replace(tmp_path / "staging", pending)
+        deadline = time.monotonic() + 60
+        while c.get("/v1/info").json()["first_answer"] is None:
+            assert time.monotonic() < deadline, "the first-answer bundle was not served"
+            time.sleep(0.2)
+        assert c.get("/v1/info").json()["first_answer"]["name"] == "paraseek-starter-robust"
+        assert c.post("/v1/search", json=lead).status_code == 200
+
+
 def test_a_first_answer_bundle_of_another_image_space_is_refused_at_load(make_settings, tiny_clip):
     from fastapi.testclient import TestClient
 

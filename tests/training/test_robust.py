@@ -315,21 +315,23 @@ def test_a_robust_starter_without_its_first_answer_bundle_gets_it_next_start(emb
     home = tmp_path / "home"
     shutil.copytree(embedded_home, home, ignore=shutil.ignore_patterns("milvus"))
     shutil.rmtree(home / "bundles/starter")
-    monkeypatch.setitem(sys.modules, "paraseek.training.export.starter", None)  # no torch: no lead, as before
+    monkeypatch.setitem(sys.modules, "torch", None)  # no torch: no lead, as before
     ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
     assert "serves without one" in caplog.text and not (home / "bundles/starter").exists()
     unled = with_embedded_defaults(Settings(home=home))
     assert unled.first_answer_bundle is None
-    monkeypatch.setitem(sys.modules, "paraseek.training.export.starter", starter)
+    monkeypatch.undo()
     built = []
 
-    def build_starter(out, tuned_layers=None, plain_out=None):  # the real build is embedded_home's
-        built.append((Path(out), tuned_layers, plain_out))
+    def build_first_answer_starter(beside, out):  # the real build is embedded_home's (and the next test's)
+        built.append((Path(beside), Path(out).parent))
         shutil.copytree(embedded_home / "bundles/starter", out)
 
-    monkeypatch.setattr(starter, "build_starter", build_starter)
+    monkeypatch.setattr(starter, "build_first_answer_starter", build_first_answer_starter)
     ensure_embedded_default(Settings(home=home), progress=False, with_bank=False)
-    assert built == [(home / "bundles/starter", None, None)]  # the plain starter alone; the robust one stays
+    # the plain starter alone, beside the robust one, which stays; built in a staging folder and moved in whole
+    assert built == [(home / "bundles/starter-robust", home / "bundles")]
+    assert sorted(p.name for p in (home / "bundles").iterdir()) == ["starter", "starter-robust"]
     led = with_embedded_defaults(Settings(home=home))
     assert led.first_answer_bundle == home / "bundles/starter" and led.default_expansion == unled.default_expansion
     assert with_embedded_defaults(Settings(home=home, starter="plain")).first_answer_bundle is None
@@ -345,3 +347,33 @@ def test_train_flags_need_robust(tmp_path):
 
     result = CliRunner().invoke(app, ["models", "build-starter", "--train", "--out", str(tmp_path / "b")])
     assert result.exit_code == 2 and "--robust only" in result.output
+
+
+def test_the_first_answer_bundle_built_beside_the_robust_one_is_the_joint_builds(embedded_starters, tmp_path):
+    """What ``paraseek serve`` builds beside a first start's server (in a process of its own): the plain
+    starter made from the built robust bundle's image tower, published whole, equal to the plain starter
+    that the joint build writes."""
+    import shutil
+
+    from paraseek.core.demo import demo_captions
+    from paraseek.core.settings import Settings
+    from paraseek.training.embedded import build_first_answer, pending_first_answer
+
+    home = tmp_path / "home"
+    shutil.copytree(embedded_starters / "starter-robust", home / "bundles" / "starter-robust")
+    settings = Settings(home=home)
+    assert pending_first_answer(settings) == home / "bundles" / "starter"
+    (home / "bundles" / ".building-starter-999999999").mkdir()  # left by a builder that died: removed
+    build_first_answer(settings)
+    assert pending_first_answer(settings) is None
+    assert sorted(p.name for p in (home / "bundles").iterdir()) == ["starter", "starter-robust"]
+    joint, alone = read_manifest(embedded_starters / "starter"), read_manifest(home / "bundles" / "starter")
+    robust = read_manifest(home / "bundles" / "starter-robust")
+    assert (alone.name, alone.image_space, alone.source) == (joint.name, joint.image_space, joint.source)
+    assert alone.files[alone.image.file] == robust.files[robust.image.file]  # the robust bundle's, as built
+    assert alone.text_int8 is not None and alone.image.optimization == joint.image.optimization
+    texts = demo_captions()[:40]
+    for precision, least in (("fp32", 0.9999), ("int8", 0.999)):
+        a = Encoder(embedded_starters / "starter", precision=precision).encode_text(texts)
+        b = Encoder(home / "bundles" / "starter", precision=precision).encode_text(texts)
+        assert float((a * b).sum(axis=1).min()) > least, precision

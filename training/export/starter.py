@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paraseek.core.bundle import ImagePreprocess, Int8Evaluation, TowerSpec, read_manifest
+from paraseek.core.bundle import BundleManifest, ImagePreprocess, Int8Evaluation, TowerSpec, read_manifest
 from paraseek.core.demo import demo_captions
 from paraseek.core.errors import UserError
 from paraseek.core.tokenizer import load_tokenizer
@@ -238,6 +238,23 @@ def build_starter(out_dir: str | Path, int8: bool = True, calibration_texts: lis
         source["robust_text_tower"] = {"weights": tuned_layers.name, **apply_tuned_layers(text, tuned_layers)}
     return _write_starter_text_tower(text, model_dir, out, name, source, preprocess, crop_grid, int8, calibration_texts,
                                      image_tower)
+
+
+def build_first_answer_starter(beside: str | Path, out_dir: str | Path, int8: bool = True) -> BundleManifest:
+    """The plain starter written beside a robust starter that is already built: its first-answer bundle,
+    made after the robust one serves. The plain MiniLM text tower is exported as ``build_starter(...,
+    plain_out=...)`` exports it; the image tower is the robust bundle's, copied as built and fused (one
+    image space, no second export)."""
+    beside, out = Path(beside), Path(out_dir)
+    base = read_manifest(beside, verify=False)
+    crop_grid = next((g for g in (CROP_GRID, 0) if starter_image_space(g) == base.image_space), None)
+    if crop_grid is None:
+        raise UserError(f"bundle {beside} is not a starter of this release (image space {base.image_space!r})")
+    image_tower, preprocess = ship_image_tower(beside, out, base.image_space)
+    hf_model, model_dir = load_hf_encoder(minilm_dir())
+    source = {k: v for k, v in base.source.items() if k != "robust_text_tower"}
+    return _write_starter_text_tower(SentenceEncoder(hf_model).eval(), model_dir, out, STARTER_NAME, source, preprocess,
+                                     crop_grid, int8, None, image_tower)
 
 
 def _write_starter_text_tower(text: SentenceEncoder, model_dir: Path, out: Path, name: str, source: dict,
