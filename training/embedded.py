@@ -8,12 +8,15 @@ is missing (a machine without torch serves a prebuilt bundle and is told how to 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from paraseek.core.bundle import read_manifest
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 STAGING_PREFIX = ".building-"  # a first-answer bundle being built: moved into place only complete
 # the first-answer build runs beside the first start's server: a lower priority keeps the CPU for requests
 FIRST_ANSWER_NICENESS = 10
+SERVER_POLL_S = 0.5  # how soon the first-answer build ends after the server it was started for
 
 STARTER_MISSING = (
     "the starter bundle is missing at {path} and torch is not installed here ({error}). Build it once on a "
@@ -191,7 +195,19 @@ def start_first_answer_build(settings: Settings) -> subprocess.Popen:
     """``build_first_answer`` in a process of its own (torch stays out of the server's), at a lower CPU
     priority than the server that answers beside it."""
     env = {**os.environ, "PARASEEK_HOME": str(settings.home), "PARASEEK_STARTER": settings.starter}
-    return subprocess.Popen([sys.executable, "-m", "paraseek.training.embedded"], env=env)
+    return subprocess.Popen([sys.executable, "-m", "paraseek.training.embedded", "--server", str(os.getpid())], env=env)
+
+
+def _exit_with(server_pid: int) -> None:
+    """End this process when the server that started it is gone (stopped, or killed: uvicorn re-raises the
+    signal it stopped on, so the server's own clean-up never runs). What is half-built goes at the next
+    start's build."""
+    def follow() -> None:
+        while _process_alive(str(server_pid)):
+            time.sleep(SERVER_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=follow, name="exit-with-server", daemon=True).start()
 
 
 def _torch_installed() -> bool:
@@ -212,9 +228,14 @@ def _process_alive(pid: str) -> bool:
     return True
 
 
-def main() -> int:
-    """``python -m paraseek.training.embedded``: build the embedded default's first-answer bundle where it
-    is still to be built (what ``paraseek serve`` runs beside a first start's server)."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paraseek.training.embedded [--server PID]``: build the embedded default's first-answer
+    bundle where it is still to be built (what ``paraseek serve`` runs beside a first start's server)."""
+    parser = argparse.ArgumentParser(prog="python -m paraseek.training.embedded", description=main.__doc__)
+    parser.add_argument("--server", type=int, help="the server this build is for: it ends when that process is gone")
+    args = parser.parse_args(argv)
+    if args.server is not None:
+        _exit_with(args.server)
     if hasattr(os, "nice"):
         os.nice(FIRST_ANSWER_NICENESS)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -377,3 +377,34 @@ def test_the_first_answer_bundle_built_beside_the_robust_one_is_the_joint_builds
         a = Encoder(embedded_starters / "starter", precision=precision).encode_text(texts)
         b = Encoder(home / "bundles" / "starter", precision=precision).encode_text(texts)
         assert float((a * b).sum(axis=1).min()) > least, precision
+
+
+def test_the_first_answer_build_ends_with_the_server_that_started_it(embedded_starters, tmp_path):
+    """``python -m paraseek.training.embedded`` builds beside a server: when that server is gone (a stop
+    whose clean-up uvicorn skips, or kill -9) the build ends too, rather than running on unowned."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    home = tmp_path / "home"
+    shutil.copytree(embedded_starters / "starter-robust", home / "bundles" / "starter-robust")
+    env = {**os.environ, "PARASEEK_HOME": str(home)}
+    # a stand-in server: starts the build as ``paraseek serve`` does, says its pid, and exits at once
+    starter = ("import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-m', 'paraseek.training.embedded', "
+               "'--server', str(os.getpid())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
+    pid = int(subprocess.run([sys.executable, "-c", starter], env=env, capture_output=True, text=True, check=True,
+                             timeout=60).stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        stat = open(f"/proc/{pid}/stat").read() if os.path.exists(f"/proc/{pid}/stat") else ""
+        if stat.split(") ")[-1].startswith("Z"):  # ended, not yet reaped by its new parent
+            break
+        assert time.monotonic() < deadline, "the build outlived the process that started it"
+        time.sleep(0.2)
+    assert not (home / "bundles" / "starter").exists()  # it ended before publishing anything
