@@ -10,10 +10,11 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from paraseek.loadtests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR_HEADING = "## A five-minute tour"
@@ -36,12 +37,6 @@ def test_the_tour_has_each_step_the_readme_promises():
         assert step in script, step
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_readme_tour_runs_against_the_embedded_default(tmp_path, embedded_starters, shared_data):
     work = tmp_path / "checkout"
     (work / "photos").mkdir(parents=True)
@@ -53,7 +48,7 @@ def test_readme_tour_runs_against_the_embedded_default(tmp_path, embedded_starte
     home = tmp_path / "home"
     shutil.copytree(embedded_starters, home / "bundles")
 
-    port = _free_port()
+    port = free_port()
     script = "set -euo pipefail\n" + "\n".join(tour_blocks((ROOT / "README.md").read_text())).replace("8000", str(port))
     # a clean environment as a reader's shell has it: no variables of the test run's own but a home
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PARASEEK_HOME": str(home), "LANG": "C.UTF-8"}

@@ -26,6 +26,7 @@ from paraseek.core.settings import Settings
 from paraseek.index.builder import copy_snapshot
 from paraseek.index.demo import build_demo_snapshot
 from paraseek.index.snapshot import Snapshot, current_version
+from paraseek.index.versions import pid_alive
 from paraseek.index.backends import store_from_settings
 from paraseek.paraphrase.caption_bank import bank_dir, default_bank, holds_superseded_head, shipped_head_path
 from paraseek.paraphrase.query_head import HEAD_FILE
@@ -177,7 +178,8 @@ def build_first_answer(settings: Settings) -> Path:
 
     target = settings.plain_starter_bundle_dir
     for abandoned in target.parent.glob(f"{STAGING_PREFIX}{target.name}-*"):
-        if not _process_alive(abandoned.name.rsplit("-", 1)[-1]):
+        pid = abandoned.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and pid_alive(int(pid))):
             shutil.rmtree(abandoned, ignore_errors=True)
     staging = target.with_name(f"{STAGING_PREFIX}{target.name}-{os.getpid()}")
     log.warning("building the robust starter's first-answer bundle (the plain starter) in %s ...", target)
@@ -203,7 +205,7 @@ def _exit_with(server_pid: int) -> None:
     signal it stopped on, so the server's own clean-up never runs). What is half-built goes at the next
     start's build."""
     def follow() -> None:
-        while _process_alive(str(server_pid)):
+        while pid_alive(server_pid):
             time.sleep(SERVER_POLL_S)
         os._exit(1)
 
@@ -216,16 +218,6 @@ def _torch_installed() -> bool:
         return importlib.util.find_spec("torch") is not None
     except ValueError:  # imported and then taken out (``sys.modules["torch"] = None``)
         return False
-
-
-def _process_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
