@@ -41,6 +41,7 @@ from paraseek.index.unchanged_images import (
     SKIPPED_FIELD,
     STAMP_FIELD,
     TOWER_FIELD,
+    KnownVectors,
     Reused,
     content_digest,
     file_stamp,
@@ -284,6 +285,7 @@ def build_snapshot(
     target_recall: float | None = None,
     reuse: bool = True,
     checksum: bool = False,
+    known: KnownVectors | None = None,
 ) -> BuildResult:
     """Index a whole source into a new snapshot version and publish it as ``current``.
 
@@ -305,6 +307,10 @@ def build_snapshot(
     a file replaced by another of the same size and modification time is encoded again, and the current
     version stays only when every photo it holds still has the bytes it recorded.
 
+    ``known``: vectors the bundle's image tower made earlier for photos known by their bytes (the demo
+    gallery's ship with the package): where the current version gives none, the photos among them are
+    not encoded, as if that version held them.
+
     ``on_progress(phase, done, total)`` reports each phase as it goes (``BuildProgress``)."""
     began = time.perf_counter()
     report_phase = on_progress or _no_progress
@@ -323,6 +329,9 @@ def build_snapshot(
             report_phase("reusing", 0, total)
         reused, reused_from = (unchanged_in_current(store, encoder, src, stamps, digests) if reuse
                                else (Reused.none(encoder.dim), None))
+        if known is not None and not len(reused.positions):
+            reused = known.reusable(encoder.image_tower_id, src.root, src.records, stamps)
+            reused_from = known.origin
         n_reused = len(reused.positions)
         taken = set(reused.positions.tolist())
         report_phase("encoding", n_reused, total)  # the reused photos count as done

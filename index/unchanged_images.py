@@ -151,6 +151,52 @@ class Reused:
         return cls(np.zeros(0, np.int64), np.zeros((0, dim), np.float32), [])
 
 
+@dataclass(frozen=True)
+class KnownVectors:
+    """Vectors an image tower made for photos known by their bytes, kept apart from any version: the demo
+    gallery's ship with the package, so a first start indexes it without encoding a photo. ``digests[i]``
+    (``content_digest``) is the photo whose vector is ``vectors[i]``, ``widths[i]`` x ``heights[i]`` pixels;
+    ``origin`` names them in a build's report."""
+
+    origin: str
+    tower_id: str
+    digests: np.ndarray  # (n,) str
+    vectors: np.ndarray  # (n, dim) float32
+    widths: np.ndarray  # (n,) int
+    heights: np.ndarray  # (n,) int
+
+    def save(self, path: Path) -> None:
+        np.savez_compressed(path, tower_id=np.array(self.tower_id), digests=self.digests.astype(str),
+                            vectors=self.vectors.astype(np.float32), widths=self.widths, heights=self.heights)
+
+    @classmethod
+    def load(cls, path: Path, origin: str) -> KnownVectors:
+        with np.load(path) as saved:
+            return cls(origin, str(saved["tower_id"]), saved["digests"], saved["vectors"], saved["widths"],
+                       saved["heights"])
+
+    def reusable(self, tower_id: str | None, root: Path, records: Sequence[ImageRecord],
+                 stamps: Sequence[list[int] | None]) -> Reused:
+        """The vectors of the ``records`` (read under ``root``, stamped ``stamps``) whose bytes are known, when
+        ``tower_id`` is the tower that made them; every record is read and hashed (a few ms a photo)."""
+        dim = self.vectors.shape[1]
+        if tower_id != self.tower_id:
+            return Reused.none(dim)
+        row_of = {str(d): i for i, d in enumerate(self.digests)}
+        positions, rows, sizes = [], [], []
+        for i, record in enumerate(records):
+            digest = record_digest(root, record) if stamps[i] is not None else None
+            row = row_of.get(digest) if digest is not None else None
+            if row is not None:
+                positions.append(i)
+                rows.append(row)
+                sizes.append({"width": int(self.widths[row]), "height": int(self.heights[row]), STAMP_FIELD: stamps[i],
+                              DIGEST_FIELD: digest})  # as a build that decoded the photo records it
+        if not positions:
+            return Reused.none(dim)
+        return Reused(np.asarray(positions, np.int64), self.vectors[rows].astype(np.float32), sizes)
+
+
 def reusable_vectors(base: SearchableSnapshot, tower_id: str | None, root: Path, records: Sequence[ImageRecord],
                      stamps: Sequence[list[int] | None], digests: Sequence[str | None] | None = None) -> Reused:
     """The vectors of ``records`` (read under ``root``, stamped ``stamps``) that ``base`` holds for the same

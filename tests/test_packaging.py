@@ -65,7 +65,7 @@ def test_wheel_holds_every_module_and_data_file_of_the_folders(wheel):
     research = [f for f in tracked if f.startswith((RESEARCH, "loadtests/results/"))]
     assert len(research) > 30 and [f for f in research if f"paraseek/{f}" in names] == []
     assert "paraseek-0.1.0.dist-info/licenses/LICENSE" in names
-    for data in ("service/static/index.html", "core/demo/captions.json", "training/recipes/robust-starter.yaml",
+    for data in ("service/static/index.html", "core/demo/captions.json", "core/demo/vectors.npz", "training/recipes/robust-starter.yaml",
                  "paraphrase/data/ATTRIBUTION.md", "loadtests/grafana/paraseek-dashboard.json", "index/data/exact_scan.onnx",
                  "index/data/int8_products.onnx"):
         assert f"paraseek/{data}" in names, data

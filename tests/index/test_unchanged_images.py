@@ -20,6 +20,7 @@ from paraseek.index.unchanged_images import (
     INPUTS_FIELD,
     STAMP_FIELD,
     TOWER_FIELD,
+    KnownVectors,
     content_digest,
     file_digest,
     file_stamp,
@@ -300,6 +301,34 @@ def test_no_reuse_across_image_towers_or_when_asked_not_to(photos, starter_encod
     assert unknown.image_tower_id is None  # a graph the manifest does not describe: never trusted
     counted_encodes.clear()
     assert build_snapshot(photos, unknown, root, progress=False).report["reused"] == 0 and sum(counted_encodes) == 6
+
+
+@pytest.mark.quick
+def test_known_vectors_are_taken_for_the_photos_whose_bytes_they_name(photos, starter_encoder, counted_encodes, tmp_path):
+    """Vectors kept apart from any version (the demo gallery's ship with the package): a build with no current
+    version takes them for the photos with those bytes, made by that tower, and encodes the rest."""
+    build_snapshot(photos, starter_encoder, tmp_path / "made", progress=False)
+    made = vectors_by_id(FaissStore(tmp_path / "made"))
+    rows = FaissStore(tmp_path / "made").load(use_gpu=False).metadata_of(list(made))
+    names = sorted(p.name for p in photos.iterdir())
+    known_ids = [i for i in made if rows[i]["path"] in names[:4]]  # four of the six photos
+    known = KnownVectors("earlier vectors", starter_encoder.image_tower_id,
+                         np.array([rows[i][DIGEST_FIELD] for i in known_ids]), np.stack([made[i] for i in known_ids]),
+                         np.array([rows[i]["width"] for i in known_ids]), np.array([rows[i]["height"] for i in known_ids]))
+    known.save(tmp_path / "known.npz")
+    known = KnownVectors.load(tmp_path / "known.npz", "earlier vectors")
+    counted_encodes.clear()
+    built = build_snapshot(photos, starter_encoder, tmp_path / "snap", progress=False, known=known)
+    assert sum(counted_encodes) == 2 and built.report["reused"] == 4 and built.report["encoded"] == 2
+    assert built.report["reused_from"] == "earlier vectors"
+    got = vectors_by_id(FaissStore(tmp_path / "snap"))
+    assert sorted(got) == sorted(made) and all(np.array_equal(got[i], made[i]) for i in known_ids)
+    assert FaissStore(tmp_path / "snap").load(use_gpu=False).metadata_of(known_ids) == {i: rows[i] for i in known_ids}
+    # another tower's: every photo encoded
+    other = KnownVectors("earlier vectors", "another-image-tower", known.digests, known.vectors, known.widths, known.heights)
+    counted_encodes.clear()
+    assert build_snapshot(photos, starter_encoder, tmp_path / "other", progress=False, known=other).report["reused"] == 0
+    assert sum(counted_encodes) == 6
 
 
 @pytest.mark.quick
