@@ -28,6 +28,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+pytest_plugins = ["tests.scheduling"]
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PARASEEK_SHARED_DATA", ROOT.parent / "shared" / "data"))
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -74,7 +76,7 @@ def _every_core():
 # other, and hold encoder sessions and indexes) until a full collection, which the interpreter seldom
 # runs: test processes grew to 5-6 GB each. After a test that left this process's private memory
 # COLLECT_AFTER_GROWTH_MB above where the last collection left it, collect and give the freed heap back.
-COLLECT_AFTER_GROWTH_MB = 250
+COLLECT_AFTER_GROWTH_MB = 100
 _private_after_collection = [0.0]
 
 
