@@ -217,6 +217,13 @@ def image_tower_digest(manifest: BundleManifest) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
+def bundle_digest(manifest: BundleManifest) -> str:
+    """What a text vector of this bundle depends on, hashed into one id: the manifest, which holds the
+    sha256 of every file. A retrained bundle re-exported under the same name and version gets another,
+    so caches keyed by it never serve the old model's vectors."""
+    return hashlib.sha256(manifest.model_dump_json().encode()).hexdigest()[:16]
+
+
 def _referenced_files(manifest: BundleManifest) -> list[str]:
     names = [manifest.text.file, manifest.tokenizer.file]
     if manifest.text_int8:
@@ -243,6 +250,15 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: BundleManifest) -> B
     return manifest
 
 
+def _inside(bundle_dir: Path, name: str) -> bool:
+    """A file name of the manifest is a path inside the bundle folder, links resolved (no absolute path,
+    no climbing out with '..' or a link)."""
+    try:
+        return (bundle_dir / name).resolve().is_relative_to(bundle_dir.resolve()) and not Path(name).is_absolute()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
 def read_manifest(bundle_dir: str | os.PathLike, verify: bool = True) -> BundleManifest:
     """Read and (by default) verify a bundle. Raises ``BundleError`` naming the offending file."""
     bundle_dir = Path(bundle_dir)
@@ -263,6 +279,8 @@ def read_manifest(bundle_dir: str | os.PathLike, verify: bool = True) -> BundleM
     for name in _referenced_files(manifest):
         if name not in manifest.files:
             raise BundleError(f"bundle {bundle_dir}: {MANIFEST} has no checksum for {name!r}")
+        if not _inside(bundle_dir, name):
+            raise BundleError(f"bundle {bundle_dir}: {MANIFEST} names {name!r}, which is not a file inside the bundle folder")
     if verify:
         verify_checksums(bundle_dir, manifest.files, "bundle", BundleError)
     return manifest

@@ -21,6 +21,7 @@ from paraseek.core.bundle import (
     BundleManifest,
     ImagePreprocess,
     TowerSpec,
+    bundle_digest,
     image_tower_digest,
     read_manifest,
     resolve_precision,
@@ -182,6 +183,7 @@ class Encoder:
     ):
         self.path = Path(bundle_dir)
         self.manifest: BundleManifest = read_manifest(self.path, verify=verify)
+        self.digest = bundle_digest(self.manifest)  # what caches key this bundle's vectors by
         self.providers = choose_providers(providers)
         self.threads = threads if threads is not None else openmp_thread_share()
         self.spin = spin

@@ -141,11 +141,13 @@ class Cache:
     def _emb_key(model_id: str, fingerprint: str) -> str:
         return f"paraseek:emb:{model_id}:{fingerprint}"
 
-    async def get_embeddings(self, model_id: str, fingerprints: list[str]) -> list[np.ndarray | None]:
+    async def get_embeddings(self, model_id: str, fingerprints: list[str], dim: int) -> list[np.ndarray | None]:
+        """The cached vectors, None where missing or not ``dim`` float32 values (written by another model
+        under a colliding key, or cut short): a miss, never a wrong-sized vector."""
         if self.backend == "off":
             return [None] * len(fingerprints)
         raw = await self._get_many([self._emb_key(model_id, f) for f in fingerprints])
-        out = [np.frombuffer(r, dtype=np.float32) if r is not None else None for r in raw]
+        out = [np.frombuffer(r, dtype=np.float32) if r is not None and len(r) == 4 * dim else None for r in raw]
         for r in out:
             self.metrics.cache.labels("embedding", "hit" if r is not None else "miss").inc()
         return out

@@ -49,7 +49,7 @@ async def cached_texts(cache: Cache, encoder: Encoder, texts: list[str]) -> Cach
     unique = list(dict.fromkeys(texts))
     keyed = encoder.tokenizer.fingerprints_and_truncation(unique) if cache.backend != "off" else []
     fingerprints = {t: f for t, (f, _) in zip(unique, keyed)}
-    found_vectors = await cache.get_embeddings(encoder_id(encoder), [fingerprints.get(t, "") for t in unique])
+    found_vectors = await cache.get_embeddings(encoder_id(encoder), [fingerprints.get(t, "") for t in unique], encoder.dim)
     found = {t: v for t, v in zip(unique, found_vectors) if v is not None}
     return CachedTexts(texts, unique, found, [t for t in unique if t not in found], fingerprints,
                        {t: cut for t, (_, cut) in zip(unique, keyed)})

@@ -44,8 +44,9 @@ class Active:
 
 
 def encoder_id(e: Encoder) -> str:
-    """What an encoder's vectors are keyed by in the caches: bundle, version and precision."""
-    return f"{e.name}:{e.version}:{e.precision}"
+    """What an encoder's vectors are keyed by in the caches: bundle, version, precision and the digest
+    of its content (a retrained bundle exported under the same name and version is another model)."""
+    return f"{e.name}:{e.version}:{e.precision}:{e.digest}"
 
 
 def encoder_workers(settings: Settings) -> int:

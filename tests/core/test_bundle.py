@@ -94,3 +94,24 @@ def test_image_tower_digest_names_what_an_image_vector_depends_on(tiny_clip):
     assert image_tower_digest(m.model_copy(update={"image": None})) is None
     assert Encoder(bundle).image_tower_id == digest
     assert Encoder(bundle, load_image=False).image_tower_id is None
+
+
+@pytest.mark.quick
+def test_bundle_digest_tells_a_retrained_bundle_of_the_same_name_and_version_apart(starter_bundle):
+    from paraseek.core.bundle import bundle_digest
+
+    m = read_manifest(starter_bundle)
+    retrained = m.model_copy(update={"files": {**m.files, m.text.file: "0" * 64}})
+    assert bundle_digest(m) == bundle_digest(m.model_copy(deep=True)) != bundle_digest(retrained)
+    assert Encoder(starter_bundle, load_image=False).digest == bundle_digest(m)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("name", ["../text.onnx", "/etc/passwd", "sub/../../text.onnx"])
+def test_a_manifest_naming_files_outside_its_folder_is_refused(starter_bundle, tmp_path, name):
+    data = json.loads((starter_bundle / "manifest.json").read_text())
+    data["files"][name] = data["files"].pop(data["text"]["file"])
+    data["text"]["file"] = name
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="which is not a file inside the bundle folder"):
+        read_manifest(tmp_path, verify=False)

@@ -62,12 +62,22 @@ def test_results_and_embeddings_round_trip_in_the_lru_and_an_off_cache_keeps_not
         await cache.put_result("k", {"results": [{"id": 1, "score": 0.5}], "cache": "miss"})
         # embeddings are keyed by their token ids' fingerprint (tests/core/test_tokenizer.py: which texts share one)
         await cache.put_embeddings("m", ["fingerprint-of-a-dog"], np.ones((1, 3), np.float32))
-        return cache.backend, await cache.get_result("k"), await cache.get_embeddings("m", ["fingerprint-of-a-dog", "of-a-cat"])
+        return cache.backend, await cache.get_result("k"), await cache.get_embeddings("m", ["fingerprint-of-a-dog", "of-a-cat"], 3)
 
     backend, result, (dog, cat) = asyncio.run(scenario(10))
     assert backend == "lru" and result == {"results": [{"id": 1, "score": 0.5}], "cache": "miss"}
     assert dog is not None and dog.tolist() == [1.0, 1.0, 1.0] and cat is None
     assert asyncio.run(scenario(0)) == ("off", None, [None, None])
+
+
+def test_a_cached_vector_of_another_width_is_a_miss():
+    async def scenario():
+        cache = Cache(ServiceMetrics(), lru_size=10)
+        await cache.put_embeddings("m", ["fp"], np.ones((1, 3), np.float32))
+        return await cache.get_embeddings("m", ["fp"], 4), await cache.get_embeddings("m", ["fp"], 3)
+
+    wider, same = asyncio.run(scenario())
+    assert wider == [None] and same[0] is not None and same[0].shape == (3,)
 
 
 def _errors(metrics: ServiceMetrics) -> float:
