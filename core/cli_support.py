@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from paraseek.core.errors import EXIT_UNAVAILABLE, EXIT_USAGE, Unavailable, UserError
@@ -28,5 +29,13 @@ def user_errors(fn):
         except Unavailable as exc:
             err.print(f"[red]unavailable (retry later):[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_UNAVAILABLE) from None
+        except ValidationError as exc:
+            if exc.title != "Settings":
+                raise  # another model refused what the code built: a bug
+            for problem in exc.errors():  # the environment's PARASEEK_* variables
+                name = "PARASEEK_" + "_".join(str(p) for p in problem["loc"]).upper()
+                err.print(f"[red]error:[/red] {name} {problem['msg'].removeprefix('Value error, ')}", highlight=False,
+                          soft_wrap=True)
+            raise typer.Exit(EXIT_USAGE) from None
 
     return wrapper

@@ -10,8 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# tokens shipped in examples (deploy/k8s's Secret) or guessed first: an admin API behind one is open to anyone
+PLACEHOLDER_TOKENS = frozenset({"change-me", "changeme", "change_me", "replace-me", "secret", "password", "admin", "token"})
 
 
 def _default_home() -> Path:
@@ -135,6 +138,14 @@ class Settings(BaseSettings):
 
     admin_token: SecretStr | None = Field(None, description="bearer token of the admin routes (reindex, reload, "
                                           "versions); unset: they answer 404")
+    @field_validator("admin_token")
+    @classmethod
+    def _not_a_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and value.get_secret_value().strip().lower() in PLACEHOLDER_TOKENS:
+            raise ValueError("is a placeholder, not a secret: generate one (python -c 'import secrets; "
+                             "print(secrets.token_hex(16))'), or leave it unset to disable the admin routes")
+        return value
+
     jobs_dir: Path | None = Field(None, description="where admin job records are kept (default: HOME/jobs); one folder per process: "
                                      "a starting service reports the unfinished records it finds there as interrupted")
     snapshot_keep_versions: int = Field(5, ge=2, description="published versions kept after a reindex (current and "

@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from paraseek.core.errors import UserError
 
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# refused in filter texts: no caption or field value a filter means holds them, and a Milvus expression
+# cannot carry them (its parser fails, which would read as the index being down)
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 FILTERED_EF_MAX = 1_024  # an HNSW search's beam under a filter, at most (widened_ef)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
@@ -78,6 +81,8 @@ class SearchFilter(BaseModel):
                 raise ValueError(f"field {name!r}: {item} is not a finite number")
             if isinstance(item, str) and len(item) > 1000:
                 raise ValueError(f"field {name!r}: values are at most 1000 characters")
+            if isinstance(item, str) and CONTROL.search(item):
+                raise ValueError(f"field {name!r}: control characters (newlines, tabs ...) are not allowed")
         return value
 
     @field_validator("caption_contains")
@@ -85,6 +90,8 @@ class SearchFilter(BaseModel):
     def _text(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("caption_contains is blank")
+        if value is not None and CONTROL.search(value):
+            raise ValueError("control characters (newlines, tabs ...) are not allowed")
         return value
 
     @model_validator(mode="after")

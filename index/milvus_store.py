@@ -46,7 +46,7 @@ from paraseek.index.filters import (
 )
 from paraseek.index.recall import measure_recall_with
 from paraseek.index.snapshot import check_image_space
-from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name
+from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore, next_version_name, version_order
 from paraseek.index.versions import (
     STALE_BUILD_AFTER_S,
     VERSION_TEXT,
@@ -236,7 +236,7 @@ class MilvusStore(SnapshotStore):
     # -- versions --------------------------------------------------------------------------------
     @_outage_is_unavailable
     def versions(self) -> list[str]:
-        return sorted(r["version"] for r in self._rows("published"))
+        return sorted((r["version"] for r in self._rows("published")), key=version_order)
 
     def new_version_name(self) -> str:
         # Milvus has no compare-and-set: the name's random suffix keeps two writers' names apart
@@ -345,7 +345,7 @@ class MilvusStore(SnapshotStore):
                 self._drop(row["version"])
                 removed.append(row["version"])
         known = {self.collection(r["version"]) for r in self._rows()}
-        pattern = re.compile(rf"^{re.escape(self.prefix)}_v\d{{4}}_\d{{8}}T\d{{6}}Z(?:_[0-9a-f]{{4}})?$")
+        pattern = re.compile(rf"^{re.escape(self.prefix)}_v\d{{4,}}_\d{{8}}T\d{{6}}Z(?:_[0-9a-f]{{4}})?$")
         for name in listed:
             if pattern.match(name) and name not in known:
                 self._drop_collection(name)

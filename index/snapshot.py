@@ -53,7 +53,7 @@ from paraseek.index.metadata_file import MetadataFile, MetadataRowError
 from paraseek.index.quantized_scan import BYTES_PER_DIMENSION, Codec, QuantizedScan, int8_products_exact
 from paraseek.index.quantized_scan import MAX_K as QUANTIZED_MAX_K
 from paraseek.index.recall import build_faiss_index, measure_recall
-from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name
+from paraseek.index.store import SearchableSnapshot, SnapshotStore, next_version_name, version_order
 from paraseek.index.versions import STALE_BUILD_AFTER_S, SnapshotError, SnapshotManifest, build_is_stale, build_owner, versions_to_prune
 
 CURRENT = "current"
@@ -142,7 +142,8 @@ def prune_versions(root: str | Path, keep: int) -> list[str]:
     the one before it (its parent, or the previous version), which a rollback needs."""
     root = Path(root)
     with writer_lock(root):
-        versions = sorted(p.name for p in (root / VERSIONS).iterdir() if p.is_dir() and not p.name.startswith("."))
+        versions = sorted((p.name for p in (root / VERSIONS).iterdir() if p.is_dir() and not p.name.startswith(".")),
+                          key=version_order)
         current = current_version(root)
         parent = read_snapshot_manifest(root / VERSIONS / current).parent if current in versions else None
         removed = versions_to_prune(versions, current, parent, keep)
@@ -538,7 +539,8 @@ class FaissStore(SnapshotStore):
 
     def versions(self) -> list[str]:
         folder = self.root / VERSIONS
-        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) if folder.is_dir() else []
+        return sorted((p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                      key=version_order) if folder.is_dir() else []
 
     def manifest(self, version: str | None = None) -> SnapshotManifest:
         return read_snapshot_manifest(resolve(self.root if version is None else self.root / VERSIONS / version))

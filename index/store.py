@@ -38,7 +38,15 @@ if TYPE_CHECKING:
 
 # v0001-20261122T080000Z-3f9a: a number and a UTC time (sortable), and a random suffix (versions
 # named before the suffix have none) so that two writers naming a version in the same second differ
-VERSION_NAME = re.compile(r"^v(\d{4})-\d{8}T\d{6}Z(?:-[0-9a-f]{4})?$")
+# (four digits at least: v10000 follows v9999)
+VERSION_NAME = re.compile(r"^v(\d{4,})-\d{8}T\d{6}Z(?:-[0-9a-f]{4})?$")
+
+
+def version_order(name: str) -> tuple[int, str]:
+    """Sort key of version names, oldest first: by number (v10000 after v9999, which text order would
+    put first), then by name; a name of another form sorts before every numbered one."""
+    m = VERSION_NAME.match(name)
+    return (int(m.group(1)) if m else -1, name)
 
 
 def next_version_name(existing: Iterable[str]) -> str:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from cachetools import LRUCache
+from filelock import FileLock
 
 from paraseek.paraphrase import ParaphraseSourceUnavailable
 
@@ -71,20 +72,37 @@ class JsonlCache:
             self._data[key] = value
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                if self._lines >= 2 * self.max_entries:
-                    self._compact()
-                with open(self.path, "a") as f:
-                    f.write(json.dumps({"key": key, "value": value}) + "\n")
-                self._lines += 1
+                # processes sharing the file (dataset generation beside a server) append and compact in turn
+                with FileLock(str(self.path) + ".lock"):
+                    if self._lines >= 2 * self.max_entries:
+                        self._compact()
+                    with open(self.path, "a") as f:
+                        f.write(json.dumps({"key": key, "value": value}) + "\n")
+                    self._lines += 1
 
     def _compact(self) -> None:
+        """Rewrite the file with its newest ``max_entries`` answers, read from the file itself (holding
+        its lock): the lines other writers appended are kept by their age, not dropped for this one's."""
         assert self.path is not None
+        kept: LRUCache[str, str] = LRUCache(self.max_entries)
+        lines = 0
+        with open(self.path) as f:
+            for line in f:
+                lines += 1
+                try:
+                    row = json.loads(line)
+                    kept[row["key"]] = row["value"]
+                except (json.JSONDecodeError, KeyError):
+                    continue
+        if lines < 2 * self.max_entries:  # another writer compacted it meanwhile
+            self._lines = lines
+            return
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w") as f:
-            for key, value in self._data.items():
+            for key, value in kept.items():
                 f.write(json.dumps({"key": key, "value": value}) + "\n")
         os.replace(tmp, self.path)
-        self._lines = len(self._data)
+        self._lines = len(kept)
 
 
 class ChatClient:
@@ -123,7 +141,7 @@ class ChatClient:
         for attempt in range(self.retries + 1):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise LLMDeadline(f"LLM endpoint {self.base_url}: no answer within the deadline ({last or 'no attempt left'})")
+                raise LLMDeadline(f"LLM endpoint: no answer within the deadline ({_reason(last) if last else 'no attempt left'})")
             try:
                 timeout = self.timeout if remaining is None else min(self.timeout, remaining)
                 resp = self._http.post(f"{self.base_url}/chat/completions", json=body, timeout=timeout)
@@ -140,7 +158,31 @@ class ChatClient:
                 if attempt < self.retries:
                     pause = 0.2 * 2**attempt
                     time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
-        raise LLMError(f"LLM endpoint {self.base_url} failed after {self.retries + 1} attempts: {last}")
+        log.warning("LLM endpoint %s failed after %d attempts: %s", _redacted(self.base_url), self.retries + 1, last)
+        raise LLMError(f"LLM endpoint failed after {self.retries + 1} attempts: {_reason(last)}")
+
+
+def _reason(exc: Exception | None) -> str:
+    """What a client may read of an endpoint failure: the status or the kind of error, never the
+    endpoint's address (httpx's messages name the URL, with any credentials or key in it)."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    if isinstance(exc, httpx.HTTPError):
+        return type(exc).__name__  # ConnectError, ReadTimeout ...
+    if isinstance(exc, LLMError):
+        return str(exc)  # this module's own messages
+    return type(exc).__name__ if exc is not None else "no answer"
+
+
+def _redacted(url: str) -> str:
+    """``url`` for the log: scheme, host, port and path, without user info or query."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
 
 
 def _until_deadline(draw, n: int, client: ChatClient) -> list[str]:

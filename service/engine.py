@@ -265,7 +265,8 @@ class SearchEngine:
                 active = self.active
                 if version and version != active.snapshot.version:
                     snap = await asyncio.to_thread(load_snapshot, self.store, active.encoder.image_space, self.settings)
-                    self.swap(replace(active, snapshot=snap), replaces=active)  # StaleSwap: the next poll looks again
+                    # StaleSwap: the next poll looks again. On a thread: the swap lock may be held by a job publishing
+                    await asyncio.to_thread(self.swap, replace(active, snapshot=snap), active)
                     log.info("now serving snapshot %s (current changed)", version)
             except Exception as exc:  # keep serving what we have
                 log.warning("snapshot not loaded: %s: %s", type(exc).__name__, exc)
@@ -282,7 +283,7 @@ class SearchEngine:
                 return
             try:
                 first = await asyncio.to_thread(load_first_answer_bundle, bundle, self.settings, active.encoder)
-                self.swap(replace(active, first_answer=first), replaces=active)
+                await asyncio.to_thread(self.swap, replace(active, first_answer=first), active)
             except StaleSwap:
                 continue  # a reload or reindex came in between: added to what serves now at the next look
             except Exception as exc:
@@ -293,7 +294,8 @@ class SearchEngine:
 
     def swap(self, active: Active, replaces: Active | None, publish: Callable[[], None] | None = None) -> None:
         """Serve ``active`` in place of ``replaces``, the one the caller read before its slow work
-        (loading a bundle, building a version). When another swap came in between, nothing changes and
+        (loading a bundle, building a version). Blocking (a lock that a publishing job holds, a heap
+        clean-up): called from a thread, never on the event loop. When another swap came in between, nothing changes and
         ``StaleSwap`` says so: a reload made during a reindex is never silently reverted. ``publish``
         (making the new version current in the store) runs under the same lock, just before the switch."""
         with self._swap_lock:

@@ -203,9 +203,14 @@ class JobManager:
             # published only if what this build started from is still served (a reload or another
             # reindex meanwhile fails the job: the version stays written, unpublished)
             engine.swap(active, replaces=current, publish=lambda: store.activate(result.manifest.version))
-            pruned = store.prune(settings.snapshot_keep_versions)
-            if pruned:
-                log.info("pruned old snapshot versions %s", pruned)
+            try:  # the new version serves already: a failed clean-up is reported, the job succeeded
+                pruned = store.prune(settings.snapshot_keep_versions)
+                if pruned:
+                    log.info("pruned old snapshot versions %s", pruned)
+            except Exception as exc:
+                report["prune_error"] = f"{type(exc).__name__}: {exc}"
+                log.warning("reindex %s: serving snapshot %s, but pruning old versions failed: %s",
+                            job_id, result.manifest.version, exc)
             engine.metrics.reindex.labels("succeeded").inc()
             for how in ("encoded", "reused"):
                 engine.metrics.reindex_images.labels(how).inc(report.get(how, 0))

@@ -89,9 +89,14 @@ class _TooLarge(Exception):
     pass
 
 
+# every answer: a browser takes the declared type as it is, never sniffing a JSON error or an image as a page
+ANSWER_HEADERS = [(b"x-content-type-options", b"nosniff")]
+
+
 class ObserveRequests:
-    """Pure ASGI middleware: request id (``x-request-id`` in and out), Prometheus counts and latency
-    per route, one access-log line. Pure ASGI because Starlette's ``@app.middleware("http")`` wraps
+    """Pure ASGI middleware: request id (``x-request-id`` in and out, with ``ANSWER_HEADERS``), Prometheus
+    counts and latency per route, one access-log line. Outermost, so a 413 of ``BodySizeLimit`` is
+    counted as the 413 it is. Pure ASGI because Starlette's ``@app.middleware("http")`` wraps
     every request in extra tasks and streams, which cost more than the encoder call at low load."""
 
     def __init__(self, app, metrics: ServiceMetrics):
@@ -111,7 +116,8 @@ class ObserveRequests:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]}
+                message = {**message, "headers": [*message.get("headers", []), *ANSWER_HEADERS,
+                                                  (b"x-request-id", rid.encode("latin-1"))]}
             await send(message)
 
         try:
@@ -153,8 +159,6 @@ def create_app(settings: Settings | None = None, first_answer_pending: Path | No
     # matched first; what they decline goes on to the routes above
     app.router.routes[:0] = [*search.plain_routes(), *embeddings.plain_routes()]
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
-
-    app.add_middleware(ObserveRequests, metrics=metrics)
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError):
@@ -204,6 +208,7 @@ def create_app(settings: Settings | None = None, first_answer_pending: Path | No
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        per_path={"/v1/search/image": settings.max_upload_bytes})
+    app.add_middleware(ObserveRequests, metrics=metrics)  # the last added is the outermost
     return app
 
 

@@ -187,3 +187,12 @@ def test_the_top_level_lists_each_layers_command_by_its_own_help_line():
         assert "--install-completion" not in usage.output  # registered as a subcommand, not a program
     recipes = runner.invoke(app, ["train", "--list"])
     assert recipes.exit_code == 0 and "paraclip-starter-cpu" in recipes.output.split()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("token", ["change-me", " Change-Me ", "secret"])
+def test_serve_refuses_a_placeholder_admin_token_before_starting_anything(token, tmp_path):
+    refused = runner.invoke(app, ["serve", "--port", "1"], env={"PARASEEK_ADMIN_TOKEN": token, "PARASEEK_HOME": str(tmp_path)})
+    assert refused.exit_code == 2
+    assert "PARASEEK_ADMIN_TOKEN is a placeholder, not a secret" in refused.output
+    assert not any(tmp_path.iterdir())  # nothing built: it stopped at reading its settings

@@ -293,7 +293,7 @@ class Trainer:
         path = self.run_dir / CHECKPOINT
         if not path.is_file():
             return
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        state = torch.load(path, map_location=self.device, weights_only=True)  # tensors and plain data: no pickled code runs
         if state.get("recipe") != self.recipe.model_dump(mode="json"):
             raise UserError(f"{path} belongs to a different recipe: use another output directory")
         self.tower.load_state_dict(state["tower"], strict=False)

@@ -5,10 +5,11 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.concurrency import run_in_threadpool
 
 from paraseek.core.bundle import BundleError
 from paraseek.core.settings import Settings
-from paraseek.index.image_sources import resolve_within, source_paths
+from paraseek.index.image_sources import ImageSourceError, resolve_within, source_paths
 from paraseek.service.deps import get_engine, get_jobs, get_settings, require_admin
 from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError, StaleSwap
@@ -56,7 +57,10 @@ def check_path(value: str | Path, field: str, roots: list[Path]) -> Path:
 def check_source(value: str, roots: list[Path]) -> str:
     """The source to read: a path resolved once, or a shard pattern whose every member was checked
     (the job checks each again when it opens them, so a link swapped in between is refused too)."""
-    members = source_paths(value)
+    try:
+        members = source_paths(value)
+    except ImageSourceError as exc:  # a pattern naming too many shards
+        raise RequestError("source", str(exc)) from None
     if len(members) == 1 and str(members[0]) == value:
         return str(check_path(value, "source", roots))
     for member in members:
@@ -69,11 +73,17 @@ async def reindex(req: ReindexRequest, jobs: JobManager = Depends(get_jobs), set
                   engine: SearchEngine = Depends(get_engine)):
     """Start a background build; the service swaps to it once it is built and validated."""
     sources = allowed_roots("source", settings, engine)
-    checked = {"source": check_source(req.source, sources)}
-    if req.images:
-        checked["images"] = str(check_path(req.images, "images", sources))
-    if req.bundle:
-        checked["bundle"] = str(check_path(req.bundle, "bundle", allowed_roots("bundle", settings, engine)))
+    bundles = allowed_roots("bundle", settings, engine)
+
+    def checked_paths() -> dict[str, str]:  # a file system call per shard of a pattern: off the event loop
+        checked = {"source": check_source(req.source, sources)}
+        if req.images:
+            checked["images"] = str(check_path(req.images, "images", sources))
+        if req.bundle:
+            checked["bundle"] = str(check_path(req.bundle, "bundle", bundles))
+        return checked
+
+    checked = await run_in_threadpool(checked_paths)
     return jobs.submit_reindex(req.model_copy(update=checked), within=sources)
 
 
@@ -118,7 +128,7 @@ async def reload(req: ReloadRequest, engine: SearchEngine = Depends(get_engine),
             "bundle", f"bundle image_space {encoder.image_space!r} does not match the snapshot's "
             f"{active.snapshot.manifest.image_space!r}: reindex with this bundle instead", status=409)
     try:
-        engine.swap(Active(encoder, active.snapshot, first_answer_for(active, encoder)), replaces=active)
+        await asyncio.to_thread(engine.swap, Active(encoder, active.snapshot, first_answer_for(active, encoder)), active)
     except StaleSwap as exc:
         raise RequestError("bundle", str(exc), status=409) from exc
     return {"bundle": encoder.name, "version": encoder.version, "precision": encoder.precision}

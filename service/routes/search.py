@@ -46,6 +46,9 @@ def plain_routes() -> list[PlainJsonRoute]:
     return [PlainJsonRoute.in_front_of(router, search, SearchRequest, lambda app, req: engine_of(app).search(req))]
 
 
+BATCH_SHARE_OF_IN_FLIGHT = 4  # a batch's searches run at most max_in_flight / 4 at once
+
+
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True,
              responses=error_responses(400, 413, 422, 502, 503))
 async def search_batch(
@@ -54,7 +57,14 @@ async def search_batch(
     """Many searches in one call; their texts share encoder batches."""
     if len(req.requests) > settings.max_batch_queries:
         raise RequestError("requests", f"at most {settings.max_batch_queries} requests per batch")
-    results = await asyncio.gather(*(engine.search(r) for r in req.requests), return_exceptions=True)
+    # at most a share of the in-flight slots at once: one client's batch never sheds the other clients' requests
+    slots = asyncio.Semaphore(max(1, settings.max_in_flight // BATCH_SHARE_OF_IN_FLIGHT))
+
+    async def one(r: SearchRequest):
+        async with slots:
+            return await engine.search(r)
+
+    results = await asyncio.gather(*(one(r) for r in req.requests), return_exceptions=True)
     for i, r in enumerate(results):
         if isinstance(r, RequestError):
             raise RequestError(f"requests.{i}.{r.field}", str(r), r.status)

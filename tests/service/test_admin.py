@@ -245,6 +245,21 @@ def test_a_reindex_serves_the_new_versions_hub_table_from_its_swap(make_settings
         assert c.get("/v1/info").json()["snapshot"]["hub_table"] is None
 
 
+def test_a_prune_failing_after_the_swap_leaves_the_job_succeeded(make_settings, snapshot_copy, shared_data, tmp_path,
+                                                                monkeypatch):
+    from paraseek.index.snapshot import FaissStore
+
+    def prune(self, keep):
+        raise PermissionError("versions/v0001: read-only file system")
+
+    monkeypatch.setattr(FaissStore, "prune", prune)
+    root = three_photos(shared_data, tmp_path)
+    with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=root))) as c:
+        job = wait_job(c, c.post("/v1/admin/reindex", json={"source": str(root)}, headers=AUTH).json()["id"])
+        assert job["state"] == "succeeded" and job["report"]["prune_error"].startswith("PermissionError: versions/v0001")
+        assert c.get("/v1/info").json()["snapshot"]["version"] == job["snapshot_version"]
+
+
 def test_failed_reindex_keeps_old_snapshot(make_settings, snapshot_copy, tmp_path):
     junk = tmp_path / "junk"
     junk.mkdir()
@@ -265,6 +280,8 @@ def test_reindex_root_confines_sources(make_settings, snapshot_copy, tmp_path):
     with TestClient(create_app(make_settings(snapshot=snapshot_copy, reindex_root=tmp_path / "allowed"))) as c:
         r = c.post("/v1/admin/reindex", json={"source": "/etc"}, headers=AUTH)
         assert r.status_code == 403 and r.json()["detail"][0]["loc"] == ["body", "source"]
+        huge = c.post("/v1/admin/reindex", json={"source": str(tmp_path / "allowed/{0..999999999}.tar")}, headers=AUTH)
+        assert huge.status_code == 422 and "names more than 100000 shards" in huge.json()["detail"][0]["msg"]
 
 
 def test_reload_checks_image_space(make_settings, tiny_clip, starter_bundle, tmp_path_factory):
@@ -641,3 +658,48 @@ def test_a_rollback_does_not_wait_for_a_hub_table(make_settings, snapshot_copy, 
         assert c.post("/v1/admin/activate", json={"version": second}, headers=AUTH).status_code == 200
         assert c.get("/v1/info").json()["snapshot"]["hub_table"] == "ready"  # read back before the swap
         assert computed_on == ["hub-table", "hub-table"]
+
+
+class HeldLock:
+    """The engine's swap lock, held by "a job" until ``release()``; ``waiting`` is set once a swap asks for it."""
+
+    def __init__(self):
+        self.lock, self.waiting = threading.Lock(), threading.Event()
+        self.lock.acquire()
+
+    def __enter__(self):
+        self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+    def release(self):
+        if self.lock.locked():
+            self.lock.release()
+
+
+@pytest.mark.quick
+def test_a_reload_waiting_for_the_swap_lock_leaves_the_event_loop_answering(make_settings, starter_bundle):
+    with TestClient(create_app(make_settings(bundle=starter_bundle))) as c:
+        held = HeldLock()  # a reindex publishing its version (a Milvus alias switch can take seconds)
+        c.app.state.engine._swap_lock = held
+        answers = {}
+
+        def call(name, *args, **kwargs):
+            answers[name] = (c.post if kwargs.get("json") else c.get)(*args, **kwargs)
+
+        reload = threading.Thread(target=call, args=("reload", "/v1/admin/reload"),
+                                  kwargs={"json": {"bundle": str(starter_bundle)}, "headers": AUTH})
+        reload.start()
+        try:
+            assert held.waiting.wait(60)  # the reload is at the swap
+            search = threading.Thread(target=call, args=("search", "/v1/search"), kwargs={"json": {"query": "a dog", "k": 1}})
+            search.start()
+            search.join(20)
+            assert not search.is_alive() and answers["search"].status_code == 200  # the event loop kept answering
+            assert reload.is_alive()
+        finally:
+            held.release()
+        reload.join(60)
+        assert answers["reload"].status_code == 200, answers["reload"].text

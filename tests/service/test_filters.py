@@ -136,6 +136,8 @@ BAD_FILTERS = [  # (filter, loc)
     ({"licence": ["cc-by"]}, ["body", "filter", "licence", 0]),
     ({"caption_contains": ""}, ["body", "filter", "caption_contains"]),
     ({"caption_contains": "x" * 201}, ["body", "filter", "caption_contains"]),
+    ({"caption_contains": "a dog\" or id > 0 or caption_text like \"\n"}, ["body", "filter", "caption_contains"]),
+    ({"fields": {"colour": "red\tblue"}}, ["body", "filter", "fields"]),
     ({"id_range": {}}, ["body", "filter", "id_range"]),
     ({"id_range": {"gte": "1"}}, ["body", "filter", "id_range", "gte"]),
     ({"fields": {"bad name": 1}}, ["body", "filter", "fields"]),

@@ -188,3 +188,19 @@ def test_page_says_when_the_service_is_not_ready_or_a_request_fails(browser, uvi
     page.set_input_files("#image-file", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello"}])
     expect(page.locator("#error")).to_contain_text("422: body.image: the upload is not an image", timeout=TIMEOUT_MS)
     page.screenshot(path=str(shots / "error.png"))
+
+    # indexed urls are data: only http(s) ones become links
+    def hostile_urls(route):
+        body = route.fetch().json()
+        body["results"][0].update(url="javascript:alert(1)", licence={"name": "CC", "url": "javascript:alert(2)"})
+        body["results"][1].update(url="https://example.org/photo")
+        route.fulfill(status=200, content_type="application/json", json=body)
+
+    page.route("**/v1/search", hostile_urls)
+    page.fill("#query", "a bus")
+    page.press("#query", "Enter")
+    expect(page.locator("#grid figure.card").nth(1).locator("a", has_text="source")).to_have_attribute(
+        "href", "https://example.org/photo", timeout=TIMEOUT_MS)
+    assert page.locator("#grid a[href^='javascript']").count() == 0
+    expect(page.locator("#grid figure.card").first.locator(".licence")).to_contain_text("licence: CC")
+    assert "default-src 'self'" in httpx.get(url + "/").headers["content-security-policy"]

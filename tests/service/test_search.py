@@ -210,6 +210,27 @@ def test_batch_search(client):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == ["body", "requests", 1]
 
 
+@pytest.mark.above_the_index
+@pytest.mark.quick
+def test_a_batch_takes_a_share_of_the_in_flight_slots_not_all_of_them(make_settings):
+    from fastapi.testclient import TestClient
+
+    from paraseek.service.main import create_app
+
+    with TestClient(create_app(make_settings(max_in_flight=8))) as c:
+        engine, most = c.app.state.engine, []
+        search = engine.search
+
+        async def watched(req):
+            most.append(engine.in_flight)
+            return await search(req)
+
+        engine.search = watched
+        r = c.post("/v1/search/batch", json={"requests": [{"query": f"a photo of {n} dogs", "k": 2} for n in range(16)]})
+        assert r.status_code == 200 and len(r.json()["responses"]) == 16  # twice the slots, none of its searches shed
+        assert max(most) <= 8 // 4 - 1  # counted when each started: the others of the batch in flight then
+
+
 @pytest.mark.quick
 def test_images_info_health_metrics(client):
     first = client.post("/v1/search", json={"query": "a kitchen", "k": 1}).json()["results"][0]
@@ -324,6 +345,15 @@ def test_streamed_body_over_the_limit_is_413(make_settings):
         assert r.status_code == 413 and r.json()["detail"][0]["loc"] == ["body"]
         small = c.post("/v1/search", content=iter([b'{"query": "a dog"}']), headers={"content-type": "application/json"})
         assert small.status_code == 200
+        declared = c.post("/v1/search", content=b"x" * (17 * 1024), headers={"content-type": "application/json"})
+        assert declared.status_code == 413
+        # the metrics count what was answered: two 413s (one cut off while streaming), no 500
+        counts: dict[str, float] = {}
+        for line in c.get("/metrics").text.splitlines():
+            if line.startswith("paraseek_requests_total{") and 'method="POST"' in line:
+                status = line.split('status="')[1].split('"')[0]
+                counts[status] = counts.get(status, 0) + float(line.rsplit(" ", 1)[1])
+        assert counts == {"413": 2, "200": 1}, counts
 
 
 TEXT_FIELD_BODIES = [  # (body, loc of the error; None: accepted)
