@@ -51,12 +51,13 @@ def decode_image(source: bytes | str | os.PathLike | BinaryIO, max_pixels: int |
         raise ImageDecodeError(f"could not be decoded: {type(exc).__name__}: {exc}") from exc
 
 
-def image_media_type(source: bytes | str | os.PathLike) -> str | None:
+def image_media_type(source: bytes | str | os.PathLike | BinaryIO) -> str | None:
     """The media type of the image format Pillow identifies from the header (``image/jpeg``), or None
     when the bytes or file are no image it reads. Only the header is read: cheap enough per request."""
     from PIL import Image, UnidentifiedImageError
 
-    stream: BinaryIO | Path = io.BytesIO(source) if isinstance(source, bytes) else Path(source)
+    stream: BinaryIO | Path = io.BytesIO(source) if isinstance(source, bytes) else \
+        Path(source) if isinstance(source, (str, os.PathLike)) else source
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # nothing is decoded here
@@ -64,3 +65,34 @@ def image_media_type(source: bytes | str | os.PathLike) -> str | None:
                 return Image.MIME.get(im.format or "") or None
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError):
         return None
+
+
+class FileRange(io.RawIOBase):
+    """``size`` bytes of an open descriptor from ``offset`` (an image inside a tar shard, or a whole file)
+    as a seekable file of its own, read with ``pread``: Pillow sniffs it and a response streams it
+    without reading the range whole. It does not own the descriptor."""
+
+    def __init__(self, fd: int, offset: int, size: int):
+        super().__init__()
+        self.fd, self.offset, self.size, self.position = fd, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + position)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        wanted = min(len(buffer), max(0, self.size - self.position))
+        data = os.pread(self.fd, wanted, self.offset + self.position) if wanted else b""
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from paraseek.core.errors import UserError
 from paraseek.core.memory import collection_paused
+from paraseek.index.metadata_fields import MetadataFieldError, typed_fields
 
 
 class ImageSourceError(UserError):
@@ -71,6 +72,42 @@ def resolve_within(path: str | Path, roots: Sequence[str | Path]) -> Path | None
         return resolved if any(resolved.is_relative_to(Path(root).resolve()) for root in roots) else None
     except (OSError, RuntimeError, ValueError):
         return None
+
+
+def open_within(path: str | Path, roots: Sequence[str | Path]) -> int | None:
+    """A read-only descriptor of the regular file ``path`` names inside one of ``roots``, or None.
+    Opened once, folder by folder from the root without following a link (a file swapped for a link
+    after a check, or a folder for one, is refused rather than followed), and non-blocking (a FIFO
+    swapped in is refused at ``fstat`` instead of hanging the reader): what is checked is what is read."""
+    resolved = resolve_within(path, roots)
+    if resolved is None:
+        return None
+    for root in roots:
+        real_root = Path(root).resolve()
+        if resolved.is_relative_to(real_root) and resolved != real_root:
+            break
+    else:
+        return None
+    *folders, name = resolved.relative_to(real_root).parts
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        at = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for folder in folders:
+            inner = os.open(folder, nofollow | os.O_DIRECTORY, dir_fd=at)
+            os.close(at)
+            at = inner
+        fd = os.open(name, nofollow | os.O_NONBLOCK, dir_fd=at)
+    except OSError:  # ELOOP for a link, ENOENT, ENOTDIR, EACCES: nothing to serve
+        return None
+    finally:
+        os.close(at)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def _confine(src: ImageSource, follow_symlinks: bool) -> ImageSource:
@@ -155,36 +192,65 @@ def _coco(annotations: Path, image_root: Path | None) -> ImageSource:
         data = json.loads(annotations.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ImageSourceError(f"cannot read COCO annotations {annotations}: {exc}") from exc
-    if not isinstance(data, dict) or "images" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise ImageSourceError(f"{annotations} is not a COCO-format file (no 'images' list)")
     root = image_root or annotations.parent
-    licenses = {lic["id"]: lic for lic in data.get("licenses", []) if "id" in lic}
-    captions: dict[int, list[str]] = {}
-    for ann in data.get("annotations", []):
-        if "caption" in ann:
-            captions.setdefault(ann["image_id"], []).append(ann["caption"].strip())
+
+    def key(value):  # 7 and "7" are one id; a list or an object is none (and cannot key a dict)
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+        return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+    licenses = {key(lic.get("id")): lic for lic in _list(data, "licenses") if isinstance(lic, dict)}
+    captions: dict[int | str | None, list] = {}
+    for ann in _list(data, "annotations"):
+        if isinstance(ann, dict) and "caption" in ann:
+            captions.setdefault(key(ann.get("image_id")), []).append(ann["caption"])
     records = []
-    for img in data["images"]:
-        lic = licenses.get(img.get("license"))
+    for number, img in enumerate(data["images"]):
+        where = f"{annotations.name} images[{number}]"
+        if not isinstance(img, dict) or not isinstance(img.get("file_name"), str):
+            raise ImageSourceError(f"{where}: an image entry needs a file_name")
+        try:
+            image_id = int(img.get("id"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ImageSourceError(f"{where}: id {img.get('id')!r} is not an integer") from None
+        lic = licenses.get(key(img.get("license"))) if key(img.get("license")) is not None else None
+        fields = typed_fields({"captions": captions.get(image_id, []), "flickr_url": img.get("flickr_url"),
+                               "coco_url": img.get("coco_url"),
+                               "license": {"id": lic["id"], "name": lic.get("name"), "url": lic.get("url")} if lic else None},
+                              where)
         records.append(
             ImageRecord(
-                id=int(img["id"]),
+                id=image_id,
                 path=img["file_name"],
-                coco_id=int(img["id"]),
-                captions=captions.get(img["id"], []),
-                license={"id": lic["id"], "name": lic.get("name"), "url": lic.get("url")} if lic else None,
-                flickr_url=img.get("flickr_url"),
-                coco_url=img.get("coco_url"),
+                coco_id=image_id,
+                captions=[c.strip() for c in fields["captions"]],
+                license=fields["license"],
+                flickr_url=fields["flickr_url"],
+                coco_url=fields["coco_url"],
             )
         )
     return ImageSource(root=root, records=records, kind="coco", annotations=annotations)
 
 
+def _list(data: dict, name: str) -> list:
+    value = data.get(name, [])
+    if not isinstance(value, list):
+        raise ImageSourceError(f"COCO annotations: {name!r} is a {type(value).__name__}, not a list")
+    return value
+
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """webdataset's shard patterns: ``shards/{00000..00009}.tar`` (zero padding kept) and ``{a,b}``."""
+# shards one pattern may name: {0..999999999} would otherwise build a billion names before anything is read
+MAX_PATTERN_SHARDS = 100_000
+
+
+def expand_braces(pattern: str, limit: int = MAX_PATTERN_SHARDS) -> list[str]:
+    """webdataset's shard patterns: ``shards/{00000..00009}.tar`` (zero padding kept) and ``{a,b}``;
+    ``ImageSourceError`` past ``limit`` names, counted before they are made."""
     match = re.search(r"\{([^{}]*)\}", pattern)
     if not match:
         return [pattern]
@@ -192,11 +258,18 @@ def expand_braces(pattern: str) -> list[str]:
     numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
     if numeric:
         first, last = numeric.groups()
+        if int(last) - int(first) + 1 > limit:
+            raise ImageSourceError(f"{pattern}: names more than {limit} shards")
         width = len(first) if first.startswith("0") else 0
         options = [str(n).zfill(width) for n in range(int(first), int(last) + 1)]
     else:
         options = body.split(",")
-    return [name for option in options for name in expand_braces(head + option + tail)]
+    names: list[str] = []
+    for option in options:
+        names += expand_braces(head + option + tail, limit)
+        if len(names) > limit:
+            raise ImageSourceError(f"{pattern}: names more than {limit} shards")
+    return names
 
 
 def _tar_shard(root: Path, shard: Path, rejected: list[dict]) -> list[ImageRecord]:
@@ -229,14 +302,17 @@ def _tar_shard(root: Path, shard: Path, rejected: list[dict]) -> list[ImageRecor
                 info = loaded if isinstance(loaded, dict) else {}
             except (json.JSONDecodeError, UnicodeDecodeError):
                 rejected.append({"path": f"{relative}:{key}.json", "error": "not JSON; the image is indexed without it"})
-        caption = texts[key][".txt"].decode("utf-8", "replace").strip() if ".txt" in texts[key] else \
-            str(info.get("caption") or info.get("text") or "").strip()
+        try:
+            fields = typed_fields({"captions": [info.get("caption") or info.get("text") or ""], "url": info.get("url"),
+                                   "license": info.get("license") or info.get("LICENSE") or None}, f"{relative}:{key}.json")
+        except MetadataFieldError as exc:  # one member's metadata: reported, the image indexed without it
+            rejected.append({"path": f"{relative}:{key}.json", "error": f"{exc}; the image is indexed without its metadata"})
+            fields = {"captions": [""]}
+        caption = texts[key][".txt"].decode("utf-8", "replace").strip() if ".txt" in texts[key] else fields["captions"][0].strip()
         raw_key = str(info.get("key") or key.rpartition("/")[2])
-        licence = info.get("license") or info.get("LICENSE")
         records.append(ImageRecord(
             id=int(raw_key) if raw_key.isdigit() else path_id(f"{relative}:{image.name}"), path=relative,
-            captions=[caption] if caption else [], url=info.get("url"),
-            license=licence if isinstance(licence, dict) else ({"name": str(licence)} if licence else None),
+            captions=[caption] if caption else [], url=fields.get("url"), license=fields.get("license"),
             member=image.name, offset=image.offset_data, size=image.size,
         ))
     return records

@@ -26,6 +26,7 @@ import numpy as np
 
 from paraseek.core.errors import UserError
 from paraseek.index.image_sources import path_id
+from paraseek.index.metadata_fields import typed_fields
 
 METADATA_SUFFIXES = (".parquet", ".jsonl", ".csv")
 ID_COLUMNS = ("id", "image_id", "key")
@@ -166,28 +167,29 @@ def _json_text(value):
     return value
 
 
-def _metadata_row(row: dict, image_id: int) -> dict:
-    """The snapshot's metadata fields from a clip-retrieval / user row; other columns are kept as they are."""
+def _metadata_row(row: dict, image_id: int, where: str) -> dict:
+    """The snapshot's metadata fields from a clip-retrieval / user row, typed (``MetadataFieldError``
+    naming ``where`` for a value that cannot be); other columns are kept as they are."""
     out: dict = {"id": image_id}
     rest = {k: v for k, v in row.items() if k not in ID_COLUMNS and v is not None}
     path = rest.pop("image_path", None) or rest.pop("path", None)
     if path:
-        out["path"] = str(path)
+        out["path"] = path
     url = rest.pop("url", None)
     if url:
-        out["url"] = str(url)
+        out["url"] = url
     captions = _json_text(rest.pop("captions", None))
     caption = rest.pop("caption", None)
     if captions:
-        out["captions"] = [str(c) for c in (captions if isinstance(captions, list) else [captions])]
+        out["captions"] = captions
     elif caption:
-        out["captions"] = [str(caption)]
+        out["captions"] = [caption]
     license_ = _json_text(rest.pop("license", None) or rest.pop("LICENSE", None))
     if license_:
-        out["license"] = license_ if isinstance(license_, dict) else {"name": str(license_)}
+        out["license"] = license_
     if rest:
         out["fields"] = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in rest.items()}
-    return out
+    return typed_fields(out, where)
 
 
 def iter_shards(source: VectorSource, normalize: bool = False) -> Iterator[tuple[VectorShard, np.ndarray, np.ndarray, list[dict]]]:
@@ -223,5 +225,6 @@ def iter_shards(source: VectorSource, normalize: bool = False) -> Iterator[tuple
         else:
             rows = [{} for _ in range(len(vectors))]
             ids = np.arange(offset, offset + len(vectors), dtype=np.int64)
-        yield shard, vectors, ids, [_metadata_row(r, int(i)) for r, i in zip(rows, ids)]
+        where = shard.metadata.name if shard.metadata is not None else name
+        yield shard, vectors, ids, [_metadata_row(r, int(i), f"{where} row {n}") for n, (r, i) in enumerate(zip(rows, ids))]
         offset += len(vectors)

@@ -11,6 +11,7 @@ import numpy as np
 from paraseek.core.encoder import l2_normalize
 from paraseek.core.query_vectors import close_to_query, mean_fusion
 from paraseek.core.rank_metrics import average_overlap, jaccard_at_k
+from paraseek.index.metadata_fields import servable_fields
 from paraseek.paraphrase.expansions import EXPANSIONS, ConfidentLead, HubCorrection, KeepFirst, RewriteExpansion, VectorExpansion
 from paraseek.service.errors import RequestError
 from paraseek.service.schemas import ConsistencyReport, ParaphraseReport, SearchRequest
@@ -222,7 +223,7 @@ def page(ids, scores, k: int, offset: int, exclude: int | None = None) -> list[t
 
 def result_of(rows: dict[int, dict], image_id: int, score: float, rank: int) -> dict:
     """A ``Result``'s fields from the image's metadata row, for the response to validate together."""
-    row = rows.get(int(image_id), {})
+    row = servable_fields(rows.get(int(image_id), {}))
     return {"id": int(image_id), "score": float(score), "rank": rank, "path": row.get("path"),
             "url": row.get("url") or row.get("coco_url") or row.get("flickr_url"), "captions": row.get("captions", []),
             "licence": row.get("license")}

@@ -72,18 +72,27 @@ function listExpansions(methods) {
 }
 
 // -- results ---------------------------------------------------------------------------------
+// an indexed url is data, not trusted: only http(s) becomes a link or an image source (never javascript: or data:)
+function webLink(url) {
+  try {
+    return url && ["http:", "https:"].includes(new URL(url).protocol) ? url : null;
+  } catch {
+    return null;
+  }
+}
+
 function imageSource(result) {
-  return result.path !== undefined || result.url === undefined ? `/v1/images/${result.id}` : result.url;
+  return result.path !== undefined || !webLink(result.url) ? `/v1/images/${result.id}` : result.url;
 }
 
 function licenceLine(result) {
   const line = el("div", { class: "licence" });
   if (result.licence && result.licence.name) {
     line.append("licence: ");
-    line.append(result.licence.url ? el("a", { href: result.licence.url, rel: "license noopener", target: "_blank" },
+    line.append(webLink(result.licence.url) ? el("a", { href: result.licence.url, rel: "license noopener", target: "_blank" },
       result.licence.name) : result.licence.name);
   }
-  if (result.url) {
+  if (webLink(result.url)) {
     if (line.childNodes.length) line.append(" · ");
     line.append(el("a", { href: result.url, rel: "noopener", target: "_blank" }, "source"));
   }

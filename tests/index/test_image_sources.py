@@ -62,3 +62,51 @@ def test_a_folder_lists_its_files_in_path_order_without_hidden_files_or_sidecars
     # folders before the names that extend them ("a/" before "a-b/"), as sorting the path parts gives;
     # a file in a hidden folder is listed, a hidden file is not; other extensions go to the decoder
     assert [r.path for r in src.records] == [".cache/c.jpg", "a/x.jpg", "a/z/y.png", "a-b/x.jpg", "b.jpg", "odd.bin"]
+
+
+def _read(fd):
+    with open(fd, "rb") as f:
+        return f.read()
+
+
+def test_open_within_opens_regular_files_inside_the_roots_once(tree, monkeypatch):
+    import os
+
+    from paraseek.index import image_sources
+    from paraseek.index.image_sources import open_within
+
+    assert _read(open_within(tree / "plain.jpg", [tree])) == b"1"
+    assert _read(open_within(tree / "to-inside.jpg", [tree])) == b"2"  # a link inside the root: its target
+    assert open_within(tree / "to-outside.jpg", [tree]) is None
+    os.mkfifo(tree / "pipe.jpg")  # refused at once: opened non-blocking, not a regular file
+    assert open_within(tree / "pipe.jpg", [tree]) is None
+    assert open_within(tree / "sub", [tree]) is None and open_within(tree, [tree]) is None
+    # a file or a folder swapped for a link after the containment check: the walk from the root refuses it
+    monkeypatch.setattr(image_sources, "resolve_within", lambda path, roots: path)
+    assert open_within(tree / "to-outside.jpg", [tree]) is None
+    assert open_within(tree / "sub" / "outdir" / "host.jpg", [tree]) is None
+    assert _read(open_within(tree / "sub" / "deep.jpg", [tree])) == b"2"
+
+
+def test_coco_metadata_of_unservable_types_is_refused_naming_the_image(tmp_path):
+    from paraseek.index.image_sources import ImageSourceError
+    from paraseek.index.metadata_fields import MetadataFieldError
+
+    def coco(images, licenses=(), annotations=()):
+        path = tmp_path / "captions.json"
+        path.write_text(json.dumps({"images": images, "licenses": list(licenses), "annotations": list(annotations)}))
+        return path
+
+    src = open_source(coco([{"id": "7", "file_name": "a.jpg", "license": 5, "flickr_url": 12}],
+                           licenses=[{"id": 5, "name": 4, "url": "https://l/5"}, {"id": [1], "name": "odd"}],
+                           annotations=[{"image_id": 7, "caption": 3}, {"image_id": [7], "caption": "lost"}]))
+    record = src.records[0]  # numbers where text belongs read as text, digits as ids
+    assert (record.id, record.captions, record.flickr_url) == (7, ["3"], "12")
+    assert record.license == {"id": 5, "name": "4", "url": "https://l/5"}
+    with pytest.raises(MetadataFieldError, match=r"captions\.json images\[1\]: license\.name: text expected, got dict"):
+        open_source(coco([{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg", "license": 1}],
+                         licenses=[{"id": 1, "name": {"x": 1}}]))
+    with pytest.raises(ImageSourceError, match=r"images\[0\]: id 'seven' is not an integer"):
+        open_source(coco([{"id": "seven", "file_name": "a.jpg"}]))
+    with pytest.raises(ImageSourceError, match=r"images\[0\]: an image entry needs a file_name"):
+        open_source(coco([{"id": 1, "file_name": ["a.jpg"]}]))

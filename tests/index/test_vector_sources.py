@@ -211,3 +211,29 @@ def test_build_from_shards_larger_than_the_memory_cap(tmp_path):
     starved = subprocess.run([sys.executable, "-c", MEMORY_CAPPED_BUILD, str(folder), str(20 * 2**20)],
                              capture_output=True, text=True, timeout=600, env=env)
     assert starved.returncode != 0 and "MemoryError" in starved.stderr
+
+
+@pytest.mark.quick
+def test_metadata_values_are_typed_at_build_or_refused_naming_shard_row_and_field(tmp_path):
+    from paraseek.index.metadata_fields import MetadataFieldError
+
+    rng = np.random.default_rng(3)
+    folder = tmp_path / "emb"
+    folder.mkdir()
+    np.save(folder / "part_000.npy", unit_rows(rng, 3))
+    rows = [{"id": 1, "caption": 17, "url": "https://x/1.jpg", "license": {"id": "4", "name": 5, "url": None}},
+            {"id": 2, "captions": ["a", 2.5], "license": 7},
+            {"id": 3, "url": {"href": "https://x/3.jpg"}}]
+    (folder / "part_000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(MetadataFieldError, match=r"part_000\.jsonl row 2: url: text expected, got dict"):
+        build_snapshot_from_vectors(folder, tmp_path / "snap", image_space=SPACE, progress=False)
+    refused = runner.invoke(app, ["index", "build", "--embeddings", str(folder), "--image-space", SPACE,
+                                  "--out", str(tmp_path / "snap")])
+    assert refused.exit_code == 2 and "part_000.jsonl row 2: url" in refused.output
+    assert current_version(tmp_path / "snap") is None  # nothing published
+    rows[2]["url"] = "https://x/3.jpg"
+    (folder / "part_000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build_snapshot_from_vectors(folder, tmp_path / "snap", image_space=SPACE, progress=False)
+    meta = Snapshot.load(tmp_path / "snap", image_space=SPACE).metadata
+    assert meta[1]["captions"] == ["17"] and meta[1]["license"] == {"id": 4, "name": "5"}
+    assert meta[2]["captions"] == ["a", "2.5"] and meta[2]["license"] == {"name": "7"}

@@ -99,6 +99,39 @@ def test_only_files_inside_the_roots_that_are_images_are_served(starter_encoder,
         assert passwd.status_code == 404 and "root:" not in passwd.text  # inside a root, but not an image
         files[1].write_text("not an image")
         assert c.get("/v1/images/2").status_code == 404
+        # ids past int64 (19 digits pass the pattern): no such image, not a 500
+        assert c.get("/v1/images/9999999999999999999").status_code == 404
+        assert c.get("/v1/images/99999999999999999999").status_code == 422
+        # shown, never run: the browser may not sniff another type, and the image may not script
+        assert first.headers["x-content-type-options"] == "nosniff"
+        assert first.headers["content-security-policy"] == "default-src 'none'; sandbox"
+        files[0].unlink()  # a FIFO planted where a photo was: refused at once, no thread left waiting on it
+        os.mkfifo(files[0])
+        assert c.get("/v1/images/1").status_code == 404
+
+
+@pytest.mark.quick
+def test_metadata_a_build_did_not_check_never_fails_a_search(starter_encoder, make_settings, photos, tmp_path, monkeypatch):
+    from paraseek.index import vector_sources
+
+    files = sorted(photos.glob("*.jpg"))
+    v, m = vectors_with_paths(starter_encoder, photos, tmp_path, [f.name for f in files])
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    rows[0].update(license={"name": {"x": 5}, "url": "https://l/1"}, url=["https://cdn/1.jpg"], caption=7)
+    rows[1].update(license={"name": 5})
+    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a snapshot built before builds typed their metadata: the rows are stored as given
+    monkeypatch.setattr(vector_sources, "typed_fields", lambda row, where: row)
+    build_snapshot_from_vectors(v, tmp_path / "snap", image_space=starter_encoder.image_space, metadata=m,
+                                image_roots=[photos], progress=False)
+    with serve(make_settings, tmp_path / "snap") as c:
+        r = c.post("/v1/search", json={"query": "a photo", "k": 10})
+        assert r.status_code == 200, r.text
+        by_id = {hit["id"]: hit for hit in r.json()["results"]}
+        assert len(by_id) == len(files)
+        assert by_id[1]["licence"] == {"url": "https://l/1"} and "url" not in by_id[1]  # None fields are left out
+        assert by_id[1]["captions"] == ["7"] and by_id[2]["licence"]["name"] == "5"
+        assert by_id[3]["url"] == "https://cdn/3.jpg"
 
 
 @pytest.mark.quick

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from paraseek.core.demo import GALLERY_DIR
 from paraseek.index.builder import build_snapshot
-from paraseek.index.image_sources import expand_braces, open_source
+from paraseek.index.image_sources import ImageSourceError, expand_braces, open_source
 from paraseek.index.snapshot import Snapshot
 
 pytestmark = pytest.mark.quick
@@ -45,6 +45,34 @@ def write_shards(folder, photos, per_shard=3):
 def test_brace_patterns_expand_like_webdataset():
     assert expand_braces("s/{00000..00002}.tar") == ["s/00000.tar", "s/00001.tar", "s/00002.tar"]
     assert expand_braces("{a,b}-{1..2}.tar") == ["a-1.tar", "a-2.tar", "b-1.tar", "b-2.tar"]
+    # counted before any name is made: a pattern naming a billion shards is refused at once
+    with pytest.raises(ImageSourceError, match=r"names more than 100000 shards"):
+        expand_braces("s/{0..999999999}.tar")
+    with pytest.raises(ImageSourceError, match=r"names more than 100000 shards"):
+        expand_braces("s/{0..999}-{0..999}.tar")
+
+
+def test_hostile_webdataset_metadata_is_reported_and_the_image_indexed_without_it(tmp_path):
+    import io
+    import json
+    import tarfile
+
+    photo = sorted(GALLERY_DIR.glob("*.jpg"))[0].read_bytes()
+    (tmp_path / "wds").mkdir()
+    with tarfile.open(tmp_path / "wds" / "00000.tar", "w") as tar:
+        for key, info in (("1", {"caption": "a bus", "license": {"name": {"nested": 1}}, "url": "https://x/1"}),
+                          ("2", {"caption": 7, "license": "CC BY 2.0", "url": 12})):
+            for name, data in ((f"{key}.jpg", photo), (f"{key}.json", json.dumps(info).encode())):
+                member = tarfile.TarInfo(name)
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    source = open_source(f"{tmp_path / 'wds'}/{{00000..00000}}.tar")
+    first, second = sorted(source.records, key=lambda r: r.id)
+    assert (first.captions, first.license, first.url) == ([], None, None)
+    assert source.rejected == [{"path": "00000.tar:1.json",
+                                "error": "00000.tar:1.json: license.name: text expected, got dict {'nested': 1}; "
+                                         "the image is indexed without its metadata"}]
+    assert (second.captions, second.license, second.url) == (["7"], {"name": "CC BY 2.0"}, "12")
 
 
 def test_tar_shards_are_indexed_in_place_and_served(starter_encoder, make_settings, tmp_path):
