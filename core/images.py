@@ -70,11 +70,16 @@ def image_media_type(source: bytes | str | os.PathLike | BinaryIO) -> str | None
 class FileRange(io.RawIOBase):
     """``size`` bytes of an open descriptor from ``offset`` (an image inside a tar shard, or a whole file)
     as a seekable file of its own, read with ``pread``: Pillow sniffs it and a response streams it
-    without reading the range whole. It does not own the descriptor."""
+    without reading the range whole. ``closefd``: closing it closes the descriptor."""
 
-    def __init__(self, fd: int, offset: int, size: int):
+    def __init__(self, fd: int, offset: int, size: int, closefd: bool = False):
         super().__init__()
-        self.fd, self.offset, self.size, self.position = fd, offset, size, 0
+        self.fd, self.offset, self.size, self.position, self.closefd = fd, offset, size, 0, closefd
+
+    def close(self) -> None:
+        if self.closefd and not self.closed:
+            os.close(self.fd)
+        super().close()
 
     def readable(self) -> bool:
         return True

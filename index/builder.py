@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from paraseek.core import __version__
 from paraseek.core.encoder import Encoder
-from paraseek.core.images import ImageDecodeError, decode_image
+from paraseek.core.images import ImageDecodeError, decode_image, image_media_type
 from paraseek.core.memory import MemorySampler, collection_paused
 from paraseek.index.faiss_index import (
     ADD_CHUNK_ROWS,
@@ -31,7 +31,7 @@ from paraseek.index.faiss_index import (
     add_in_chunks,
     create_index,
 )
-from paraseek.index.image_sources import ImageRecord, ImageSource, open_source, read_member, resolve_within
+from paraseek.index.image_sources import ImageRecord, ImageSource, open_record, open_source, resolve_within
 from paraseek.index.recall import RECALL_QUERIES, measure_recall
 from paraseek.index.snapshot import FaissStore, Snapshot, publish
 from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SnapshotStore
@@ -44,6 +44,7 @@ from paraseek.index.unchanged_images import (
     KnownVectors,
     Reused,
     content_digest,
+    stream_digest,
     file_stamp,
     inputs_digest,
     recorded_bytes_unchanged,
@@ -74,16 +75,29 @@ class BuildResult:
         return Path(self.location)
 
 
+# a file past this is no photo to index (a video, a disk image): refused from its size, never read whole
+MAX_IMAGE_FILE_BYTES = 256 << 20
+
+
 def _decode(encoder: Encoder, root: Path, record: ImageRecord):
     """-> (pixels, width, height, file fields: stamp and digest) or, for a file that cannot be read or
-    decoded, ``{"error": why}`` with the digest of its bytes where they were read; never raises (bad files
-    are reported)."""
+    decoded, ``{"error": why}`` with the digest of its bytes where they could be read; never raises (bad
+    files are reported). What is larger than any photo is refused unread, and what is not an image by its
+    header is never held whole: a build's memory does not follow what else a folder holds."""
     stamp = file_stamp(root / record.path)  # before the read: a file changed meanwhile is stamped older
     fields: dict = {STAMP_FIELD: stamp} if stamp else {}
     try:
         # a tar shard's member is read in place; the bytes are hashed on the way (a moved file is found by
         # them, a checksum build compares them: unchanged_images)
-        source = read_member(root, record) if record.member is not None else (root / record.path).read_bytes()
+        with open_record(root, record) as f:
+            size = f.raw.size  # type: ignore[attr-defined]
+            if size > MAX_IMAGE_FILE_BYTES:  # never read (no digest: a checksum build proves nothing unchanged with it)
+                return {"error": f"{size} bytes, more than an image file may have ({MAX_IMAGE_FILE_BYTES})"}
+            if image_media_type(f) is None:  # not read whole: hashed as it streams past, for checksum builds
+                f.seek(0)
+                return {"error": "not an image (no format Pillow reads starts it)", DIGEST_FIELD: stream_digest(f)}
+            f.seek(0)
+            source = f.read()
         fields[DIGEST_FIELD] = content_digest(source)
         with decode_image(source) as im:
             width, height = im.size

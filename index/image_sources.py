@@ -5,6 +5,7 @@ images are read in place from the tar files, never unpacked to disk."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paraseek.core.errors import UserError
+from paraseek.core.images import FileRange
 from paraseek.core.memory import collection_paused
 from paraseek.index.metadata_fields import MetadataFieldError, typed_fields
 
@@ -242,6 +244,7 @@ def _list(data: dict, name: str) -> list:
 
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+MAX_CAPTION_MEMBER_BYTES = 1 << 20  # a webdataset member's .txt or .json: captions and metadata, not documents
 
 
 # shards one pattern may name: {0..999999999} would otherwise build a billion names before anything is read
@@ -285,8 +288,17 @@ def _tar_shard(root: Path, shard: Path, rejected: list[dict]) -> list[ImageRecor
                     folder, _, name = member.name.rpartition("/")
                     key, dot, ext = name.partition(".")
                     groups.setdefault(f"{folder}/{key}" if folder else key, {})[f"{dot}{ext}".lower()] = member
-            texts = {k: {ext: tar.extractfile(m).read() for ext, m in g.items() if ext in (".txt", ".json")}  # type: ignore[union-attr]
-                     for k, g in groups.items()}
+            texts: dict[str, dict[str, bytes]] = {}
+            for k, g in groups.items():
+                texts[k] = {}
+                for ext, m in g.items():
+                    if ext not in (".txt", ".json"):
+                        continue
+                    if m.size > MAX_CAPTION_MEMBER_BYTES:  # not read: a caption file's size is bounded
+                        rejected.append({"path": f"{relative}:{m.name}", "error": f"{m.size} bytes, more than a "
+                                         f"caption or metadata member may have ({MAX_CAPTION_MEMBER_BYTES}); left out"})
+                        continue
+                    texts[k][ext] = tar.extractfile(m).read()  # type: ignore[union-attr]
     except (tarfile.TarError, OSError) as exc:
         rejected.append({"path": relative, "error": f"not a readable tar shard: {exc}"})
         return []
@@ -324,14 +336,19 @@ def _webdataset(root: Path, shards: list[Path]) -> ImageSource:
     return ImageSource(root=root, records=records, kind="webdataset", rejected=rejected)
 
 
-def read_member(root: Path, record: ImageRecord) -> bytes:
-    """The bytes of an image inside a tar shard, read at its offset (no unpacking)."""
-    with open(root / record.path, "rb") as f:
-        f.seek(int(record.offset or 0))
-        data = f.read(int(record.size or 0))
-    if len(data) != record.size:
-        raise OSError(f"{record.path}:{record.member} is truncated")
-    return data
+def open_record(root: Path, record: ImageRecord) -> io.BufferedReader:
+    """A record's bytes as a file of their own: the file, or its tar member read in place (no
+    unpacking). ``OSError`` for a file that cannot be opened or a shard cut short of the member."""
+    fd = os.open(root / record.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        offset, length = (int(record.offset or 0), int(record.size or 0)) if record.member is not None else (0, size)
+        if offset + length > size:
+            raise OSError(f"{record.path}:{record.member} is truncated")
+    except BaseException:
+        os.close(fd)
+        raise
+    return io.BufferedReader(FileRange(fd, offset, length, closefd=True))
 
 
 def source_paths(source: str | Path) -> list[Path]:

@@ -27,13 +27,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import BinaryIO, Callable, Iterable, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from paraseek.core.memory import collection_paused
-from paraseek.index.image_sources import ImageRecord, ImageSource, read_member
+from paraseek.index.image_sources import ImageRecord, ImageSource, open_record
 from paraseek.index.store import SearchableSnapshot
 
 STAMP_FIELD = "file_stamp"  # metadata row: [size in bytes, modification time in ns] of the file read
@@ -54,21 +54,29 @@ def content_digest(data: bytes) -> str:
     return h.hexdigest()
 
 
+def stream_digest(f: BinaryIO) -> str:
+    """``content_digest`` of what ``f`` reads to its end, hashed as it streams past (never held whole)."""
+    h = _hasher()
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
 def file_digest(path: str | os.PathLike) -> str | None:
     """``content_digest`` of a file's bytes, None if it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return hashlib.file_digest(f, _hasher).hexdigest()
+            return stream_digest(f)
     except OSError:
         return None
 
 
 def record_digest(root: Path, record: ImageRecord) -> str | None:
-    """``content_digest`` of a record's bytes (the file's, or its tar member's), None if they cannot be read."""
-    if record.member is None:
-        return file_digest(root / record.path)
+    """``content_digest`` of a record's bytes (the file's, or its tar member's), None if they cannot be
+    read; hashed as they stream past, never held whole."""
     try:
-        return content_digest(read_member(root, record))
+        with open_record(root, record) as f:
+            return stream_digest(f)
     except OSError:
         return None
 

@@ -124,12 +124,22 @@ def test_bad_files_are_skipped_and_reported(starter_encoder, shared_data, tmp_pa
     (src / "truncated.jpg").write_bytes(good[0].read_bytes()[:2000])
     (src / "not-an-image.jpg").write_text("hello")
     (src / "empty.png").write_bytes(b"")
+    with open(src / "video.mp4", "wb") as f:  # 20 GB (sparse): refused from its size, never read
+        f.truncate(20 << 30)
+    (src / "notes.bin").write_bytes(b"\x00" * (10 << 20))  # refused from its header, never held whole
+    with open(src / "huge.jpg", "wb") as f:  # a JPEG header on 300 MB: refused from its size
+        f.write(good[0].read_bytes()[:4096])
+        f.truncate(300 << 20)
     root = tmp_path / "snap"
     result = build_snapshot(src, starter_encoder, root, progress=False)
     assert result.manifest.count == 3
-    assert {s["path"] for s in result.skipped} == {"truncated.jpg", "not-an-image.jpg", "empty.png"}
+    errors = {s["path"]: s["error"] for s in result.skipped}
+    assert set(errors) == {"truncated.jpg", "not-an-image.jpg", "empty.png", "video.mp4", "huge.jpg", "notes.bin"}
+    assert errors["notes.bin"] == errors["not-an-image.jpg"] == "not an image (no format Pillow reads starts it)"
+    assert errors["video.mp4"] == f"{20 << 30} bytes, more than an image file may have ({256 << 20})"
+    assert errors["huge.jpg"] == f"{300 << 20} bytes, more than an image file may have ({256 << 20})"
     report = json.loads((result.version_dir / "report.json").read_text())
-    assert report["indexed"] == 3 and len(report["skipped"]) == 3
+    assert report["indexed"] == 3 and len(report["skipped"]) == 6
     # ids are stable across builds of the same folder
     again = build_snapshot(src, starter_encoder, root, progress=False)
     assert np.array_equal(np.sort(Snapshot.load(again.version_dir).ids), np.sort(Snapshot.load(result.version_dir).ids))

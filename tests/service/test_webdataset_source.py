@@ -61,17 +61,21 @@ def test_hostile_webdataset_metadata_is_reported_and_the_image_indexed_without_i
     (tmp_path / "wds").mkdir()
     with tarfile.open(tmp_path / "wds" / "00000.tar", "w") as tar:
         for key, info in (("1", {"caption": "a bus", "license": {"name": {"nested": 1}}, "url": "https://x/1"}),
-                          ("2", {"caption": 7, "license": "CC BY 2.0", "url": 12})):
+                          ("2", {"caption": 7, "license": "CC BY 2.0", "url": 12}),
+                          ("3", {"caption": "x" * (2 << 20)})):  # a 2 MB member: left out unread
             for name, data in ((f"{key}.jpg", photo), (f"{key}.json", json.dumps(info).encode())):
                 member = tarfile.TarInfo(name)
                 member.size = len(data)
                 tar.addfile(member, io.BytesIO(data))
     source = open_source(f"{tmp_path / 'wds'}/{{00000..00000}}.tar")
-    first, second = sorted(source.records, key=lambda r: r.id)
+    first, second, third = sorted(source.records, key=lambda r: r.id)
     assert (first.captions, first.license, first.url) == ([], None, None)
-    assert source.rejected == [{"path": "00000.tar:1.json",
-                                "error": "00000.tar:1.json: license.name: text expected, got dict {'nested': 1}; "
-                                         "the image is indexed without its metadata"}]
+    assert third.captions == []
+    assert source.rejected == [
+        {"path": "00000.tar:3.json", "error": f"{(2 << 20) + 15} bytes, more than a caption or metadata member may have "
+                                              f"({1 << 20}); left out"},
+        {"path": "00000.tar:1.json", "error": "00000.tar:1.json: license.name: text expected, got dict {'nested': 1}; "
+                                              "the image is indexed without its metadata"}]
     assert (second.captions, second.license, second.url) == (["7"], {"name": "CC BY 2.0"}, "12")
 
 
