@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 import uuid
@@ -25,67 +27,105 @@ from paraseek.service.batcher import Overloaded
 from paraseek.service.engine import SearchEngine
 from paraseek.service.errors import RequestError
 from paraseek.service.jobs import JobManager
-from paraseek.service.logging_config import configure_logging, request_id
+from paraseek.service.logging_config import client_address, configure_logging, request_id
 from paraseek.service.prometheus import ServiceMetrics
 from paraseek.service.routes import admin, embeddings, images, info, page, search
 
 log = logging.getLogger("paraseek.access")
 
 
-class BodySizeLimit:
-    """Pure ASGI middleware: 413 for bodies over the limit, declared or streamed."""
+# a body that stops arriving for this long is given up (408): a thousand clients each holding an almost
+# complete body cannot hold their connections, and the memory under them, for ever
+BODY_READ_TIMEOUT_S = 30.0
+UPLOADS_SHARE_OF_IN_FLIGHT = 4  # image uploads (up to PARASEEK_MAX_UPLOAD_BYTES each) at once: max_in_flight / 4
+CONNECTIONS_PER_IN_FLIGHT_SLOT = 8  # uvicorn's limit_concurrency, as a multiple of PARASEEK_MAX_IN_FLIGHT
 
-    def __init__(self, app, max_bytes: int, per_path: dict[str, int] | None = None):
+
+class BodySizeLimit:
+    """Pure ASGI middleware: 413 for bodies over the limit, declared or streamed; 408 for a body whose
+    next part does not come within ``read_timeout_s``; 503 at once for a request to a ``per_path`` route
+    (uploads, whose bodies are held whole) while ``uploads_at_once`` others are being answered."""
+
+    def __init__(self, app, max_bytes: int, per_path: dict[str, int] | None = None,
+                 read_timeout_s: float = BODY_READ_TIMEOUT_S, uploads_at_once: int | None = None):
         self.app = app
         self.max_bytes = max_bytes
         self.per_path = per_path or {}  # routes that take more (image uploads)
+        self.read_timeout_s = read_timeout_s
+        self.uploads_at_once = uploads_at_once
+        self.uploads = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.per_path.get(scope.get("path", ""), self.max_bytes)
+        path = scope.get("path", "")
+        limit = self.per_path.get(path, self.max_bytes)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await self._reject(send)
+            return await self._reject(send, 413)
+        if path not in self.per_path or self.uploads_at_once is None:
+            return await self._limited(scope, receive, send, limit)
+        if self.uploads >= self.uploads_at_once:  # refused before a byte of it is read: upload memory is bounded
+            return await self._reject(send, 503)
+        self.uploads += 1
+        try:
+            return await self._limited(scope, receive, send, limit)
+        finally:
+            self.uploads -= 1
+
+    async def _limited(self, scope, receive, send, limit: int):
         seen = 0
-        too_large = False
+        refusal: int | None = None  # the status that replaces whatever the app answers
         rejected = False
 
         async def limited_receive():
-            nonlocal seen, too_large
-            message = await receive()
+            nonlocal seen, refusal
+            try:
+                async with asyncio.timeout(self.read_timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                refusal = 408
+                raise _BodyRefused() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    too_large = True
-                    raise _TooLarge()
+                    refusal = 413
+                    raise _BodyRefused()
             return message
 
         async def guarded_send(message):
-            # FastAPI turns an exception while reading the body into its own 400; once the limit
-            # is crossed, whatever the app answers is replaced by the 413
+            # FastAPI turns an exception while reading the body into its own 400; once the body is
+            # refused, whatever the app answers is replaced by the refusal
             nonlocal rejected
-            if too_large:
+            if refusal is not None:
                 if not rejected:
                     rejected = True
-                    await self._reject(send)
+                    await self._reject(send, refusal)
                 return
             await send(message)
 
         try:
             await self.app(scope, limited_receive, guarded_send)
-        except _TooLarge:
+        except _BodyRefused:
             if not rejected:
-                await self._reject(send)
+                await self._reject(send, refusal or 413)
 
-    async def _reject(self, send):
-        body = b'{"detail":[{"loc":["body"],"msg":"request body too large","type":"too_large"}]}'
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    async def _reject(self, send, status: int):
+        detail = {413: ("request body too large", "too_large"),
+                  408: (f"the request body stopped arriving (nothing for {self.read_timeout_s:g} s)", "body_timeout"),
+                  503: (f"{self.uploads_at_once} uploads are being answered, retry shortly", "overloaded")}
+        msg, kind = detail[status]
+        body = json.dumps({"detail": [{"loc": ["body"], "msg": msg, "type": kind}]}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status in (408, 503):  # the rest of the body is not read: the connection cannot carry another request
+            headers.append((b"connection", b"close"))
+        if status == 503:
+            headers.append((b"retry-after", b"1"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
+class _BodyRefused(Exception):
     pass
 
 
@@ -109,6 +149,8 @@ class ObserveRequests:
         given = dict(scope.get("headers") or []).get(b"x-request-id")
         rid = given.decode("latin-1") if given else uuid.uuid4().hex
         token = request_id.set(rid)
+        client = scope.get("client")
+        address = client_address.set(client[0] if client else None)
         start = time.perf_counter()
         status = 500
 
@@ -131,6 +173,7 @@ class ObserveRequests:
                 log.info("request", extra={"route": path, "method": scope["method"], "status": status,
                                            "ms": round(elapsed * 1000, 2)})
             request_id.reset(token)
+            client_address.reset(address)
 
 
 def _error(status: int, loc: list, msg: str, kind: str) -> JSONResponse:
@@ -207,7 +250,8 @@ def create_app(settings: Settings | None = None, first_answer_pending: Path | No
         return JSONResponse({"detail": errors}, status_code=422)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
-                       per_path={"/v1/search/image": settings.max_upload_bytes})
+                       per_path={"/v1/search/image": settings.max_upload_bytes},
+                       uploads_at_once=max(1, settings.max_in_flight // UPLOADS_SHARE_OF_IN_FLIGHT))
     app.add_middleware(ObserveRequests, metrics=metrics)  # the last added is the outermost
     return app
 
@@ -220,4 +264,7 @@ def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = N
     settings = settings or Settings()
     configure_logging(settings.log_json)
     limit_pthread_blas()  # this process's parallelism is the encoder's and faiss' threads
-    uvicorn.run(create_app(settings, first_answer_pending), host=host, port=port, log_config=None, access_log=False)
+    # connections past this are answered 503 by uvicorn itself: room for the requests the engine admits and
+    # their keep-alive peers, not for thousands of sockets each holding a request's buffers
+    uvicorn.run(create_app(settings, first_answer_pending), host=host, port=port, log_config=None, access_log=False,
+                limit_concurrency=CONNECTIONS_PER_IN_FLIGHT_SLOT * settings.max_in_flight)

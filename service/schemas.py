@@ -76,7 +76,9 @@ class Expansion(StrictModel):
         "head: the caption bank's query head (its mean shift learnt; no lookup), then `rounds` bank rounds; "
         "prf: pseudo-relevance feedback from the top images (Rocchio); none: no expansion, even when the "
         "server applies one by default", json_schema_extra=_enum_of(lambda: [*EXPANSIONS, "none"]))
-    n: StrictInt = Field(3, ge=1, le=128, description="text rewrites (at most 16), or bank neighbours (at most 128)")
+    n: StrictInt = Field(3, ge=1, le=128, description="text rewrites (at most 16; from an LLM source, "
+                         "at most 24 endpoint calls a request: 2 a generator rewrite, 1 an llm one, plus 2), or bank "
+                         "neighbours (at most 128)")
     fusion: Literal["mean", "rrf", "weighted"] = Field(
         "mean", description="mean: mean of normalised embeddings (Cheng et al. eq. 5); rrf: reciprocal-rank fusion "
         "(text rewrites); weighted: similarity-weighted mean (bank)")
@@ -442,7 +444,8 @@ def error_responses(*statuses: int) -> dict:
         401: "missing bearer token", 403: "wrong token, or a path outside the allowed roots",
         404: "not found (an image id, a model name, or admin routes disabled)", 409: "the bundle does not fit the serving snapshot",
         413: "request body too large, or an image with more pixels than allowed",
-        415: "unsupported content type", 422: "invalid field (``loc`` names it)",
+        408: "the request body stopped arriving", 415: "unsupported content type", 422: "invalid field (``loc`` names it)",
+        429: "this client's LLM endpoint calls of the minute are spent (the message says when to retry)",
         502: "a paraphrase source failed", 503: "not ready: no model or index loaded",
     }
     return {s: {"model": ErrorResponse, "description": text[s]} for s in statuses}

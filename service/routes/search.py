@@ -34,7 +34,7 @@ def _json(body) -> Response:
 # The engine builds the body from SearchResponse already; returning it as a Response skips FastAPI's
 # second validation pass (response_model stays for the OpenAPI schema).
 @router.post("/search", response_model=SearchResponse, response_model_exclude_none=True,
-             responses=error_responses(400, 413, 422, 502, 503))
+             responses=error_responses(400, 408, 413, 422, 429, 502, 503))
 async def search(req: SearchRequest, engine: SearchEngine = Depends(get_engine)):
     """Text-to-image search, with optional query expansion, consistency report and weighted terms."""
     return _json(await engine.search(req))
@@ -50,7 +50,7 @@ BATCH_SHARE_OF_IN_FLIGHT = 4  # a batch's searches run at most max_in_flight / 4
 
 
 @router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_none=True,
-             responses=error_responses(400, 413, 422, 502, 503))
+             responses=error_responses(400, 408, 413, 422, 429, 502, 503))
 async def search_batch(
     req: BatchSearchRequest, engine: SearchEngine = Depends(get_engine), settings: Settings = Depends(get_settings)
 ):
@@ -86,7 +86,7 @@ _IMAGE_BODY = {
 
 
 @router.post("/search/image", response_model=SearchResponse, response_model_exclude_none=True, openapi_extra=_IMAGE_BODY,
-             responses=error_responses(400, 413, 415, 422, 503))
+             responses=error_responses(400, 408, 413, 415, 422, 503))
 async def search_image(request: Request, engine: SearchEngine = Depends(get_engine)):
     """Image-to-image search with the bundle's image tower: a multipart upload (field ``image``, plus
     ``k``/``offset`` form fields) or JSON with the file base64-encoded."""
