@@ -109,8 +109,8 @@ class Settings(BaseSettings):
                                "one more is refused at once with 503 and Retry-After instead of queueing")
     request_timeout_s: float = Field(30.0, gt=0, description="a request unanswered after this is given up: 503 with Retry-After")
     max_queued_batches: int = Field(1024, ge=1, description="items waiting in each batcher's queue; past it: 503")
-    paraphrase_workers: int = Field(4, ge=1, description="threads of their own for paraphrase sources (an LLM "
-                                    "endpoint's calls), so slow ones never hold the shared pool")
+    paraphrase_workers: int = Field(4, ge=1, description="threads of each paraphrase source (an LLM endpoint's calls "
+                                    "wait on these), so a slow source holds neither the shared pool nor another source")
     freeze_heap: bool = Field(True, description="at start and after each swap, collect once and move the whole process's "
                               "heap out of the cyclic collector's reach (gc.freeze), so full collections stop pausing "
                               "requests; off where the service shares its process with other work (an application "

@@ -31,6 +31,20 @@ PROMPT_AVOID_WORDS = (
 )
 
 
+# draws past n a one-step source makes for duplicates; a two-step pair is two calls and gives up to two texts
+EXTRA_DRAWS = 2
+
+
+def endpoint_calls(method: str, n: int) -> int:
+    """The most endpoint calls ``n`` paraphrases by ``method`` can take (0 for sources without an
+    endpoint): what a request's budget is checked against before any call."""
+    if method == "generator":
+        return 2 * n
+    if method in LLMSource.PROMPTS:
+        return n + EXTRA_DRAWS
+    return 0
+
+
 class LLMError(RuntimeError):
     """The endpoint failed after all retries, or gave nothing before the deadline."""
 
@@ -210,7 +224,7 @@ class LLMSource:
 
     def paraphrases(self, text: str, n: int) -> list[str]:
         def draw(out: list[str], deadline: float | None) -> None:
-            for i in range(n * 2):  # a few extra draws in case of duplicates
+            for i in range(n + EXTRA_DRAWS):  # a few extra draws in case of duplicates
                 p = self.client.complete(self.prompt.format(text=text), sample=i, deadline=deadline)
                 if p.lower() != text.lower() and p not in out:
                     out.append(p)

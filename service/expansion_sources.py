@@ -34,9 +34,10 @@ HUB_BIAS_KEPT = 1_000_000
 class ExpansionSources:
     def __init__(self, settings: Settings):
         self.settings = settings
-        # paraphrase sources (an LLM endpoint: seconds a call) on threads of their own, so that slow
-        # ones never hold the shared pool that metadata lookups and filters use
-        self.pool = ThreadPoolExecutor(settings.paraphrase_workers, thread_name_prefix="paraphrase")
+        # each paraphrase source on threads of its own (PARASEEK_PARAPHRASE_WORKERS a source): a slow one (an
+        # LLM endpoint: seconds a call) holds neither the shared pool that metadata lookups and filters use
+        # nor the other sources' (WordNet answers in milliseconds while LLM calls wait)
+        self._pools: dict[str, ThreadPoolExecutor] = {}
         self._sources: dict[str, ParaphraseSource] = {}
         self._banks: dict[str, CaptionBank] = {}
         # hub_weight: each image's hubness against the bank, computed the first time a list shows it
@@ -51,9 +52,20 @@ class ExpansionSources:
         # loading a paraphrase source takes seconds (WordNet: 3-5 s); a lock of its own keeps the bank and
         # hub lookups of every request from waiting behind it
         self._sources_lock = threading.Lock()
+        self._pools_lock = threading.Lock()
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for pool in list(self._pools.values()):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def pool(self, method: str) -> ThreadPoolExecutor:
+        """The threads of one paraphrase source (work queued there and given up by its request is cancelled
+        with it: asyncio cancels an executor future that has not started)."""
+        with self._pools_lock:  # held for microseconds: taken on the event loop
+            if method not in self._pools:
+                self._pools[method] = ThreadPoolExecutor(self.settings.paraphrase_workers,
+                                                         thread_name_prefix=f"paraphrase-{method}")
+            return self._pools[method]
 
     def paraphrase_source(self, method: str, field: str, usual_only: bool = True) -> ParaphraseSource:
         """``usual_only``: expansion rewrites toward more usual wording (which raises consistency); a
@@ -70,10 +82,11 @@ class ExpansionSources:
     async def paraphrases(self, text: str, method: str, n: int, field: str, usual_only: bool = True) -> list[str]:
         loop = asyncio.get_running_loop()
         # loading a source reads files (WordNet takes seconds): never on the event loop
-        source = await loop.run_in_executor(self.pool, self.paraphrase_source, method, field, usual_only)
+        pool = self.pool(method)
+        source = await loop.run_in_executor(pool, self.paraphrase_source, method, field, usual_only)
         try:
             # LLM calls block on the network (each text's within PARASEEK_LLM_DEADLINE_S): off the event loop
-            return await loop.run_in_executor(self.pool, source.paraphrases, text, n)
+            return await loop.run_in_executor(pool, source.paraphrases, text, n)
         except LLMError as exc:
             raise RequestError(field, str(exc), status=502) from exc
         except Exception as exc:  # a source's own failure: logged in full, reported as upstream, never a 500

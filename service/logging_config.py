@@ -8,6 +8,8 @@ import logging
 import time
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+# the address the request came from (the LLM budget is kept per client)
+client_address: contextvars.ContextVar[str | None] = contextvars.ContextVar("client_address", default=None)
 
 
 class JsonFormatter(logging.Formatter):

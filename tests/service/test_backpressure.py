@@ -79,8 +79,8 @@ def test_a_request_past_its_deadline_is_given_up(make_settings, fake_llm):
 
 
 def test_slow_paraphrase_calls_do_not_starve_the_rest(make_settings, fake_llm):
-    """Four requests wait on a held LLM endpoint on the paraphrase threads; a filtered search (which
-    uses the shared pool) and an image are answered meanwhile."""
+    """Four requests wait on a held LLM endpoint on the LLM source's threads; a filtered search (which
+    uses the shared pool), an image and a WordNet expansion (another source's threads) are answered meanwhile."""
     handler = fake_llm["handler"]
     handler.hold()
     settings = make_settings(llm_base_url=fake_llm["url"], llm_model="fake", paraphrase_workers=2, max_in_flight=16)
@@ -91,6 +91,8 @@ def test_slow_paraphrase_calls_do_not_starve_the_rest(make_settings, fake_llm):
         assert filtered.status_code == 200, filtered.text
         image = c.get(f"/v1/images/{filtered.json()['results'][0]['id']}")
         assert image.status_code == 200
+        wordnet = c.post("/v1/search", json={"query": "a dog on a couch", "k": 3, "expansion": {"method": "wordnet", "n": 2}})
+        assert wordnet.status_code == 200, wordnet.text
         # answered while every LLM request still waited: not behind them
         assert handler.answered == 0 and not any("response" in out for _, out in waiting)
         handler.release.set()
@@ -151,3 +153,27 @@ def test_a_full_batcher_queue_refuses_more():
             await batcher.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.quick
+def test_a_request_may_spend_at_most_24_llm_endpoint_calls(make_settings, fake_llm):
+    handler = fake_llm["handler"]
+    settings = make_settings(llm_base_url=fake_llm["url"], llm_model="fake")
+    with TestClient(create_app(settings)) as c:
+        costly = c.post("/v1/search", json={"query": "a dog on a beach", "expansion": {"method": "generator", "n": 8},
+                                            "consistency": {"auto": 8, "method": "llm"}})
+        assert costly.status_code == 422 and costly.json()["detail"][0]["loc"] == ["body", "expansion", "n"]
+        assert "up to 26 LLM endpoint calls" in costly.json()["detail"][0]["msg"] and handler.calls == []  # refused first
+        within = c.post("/v1/search", json={"query": "a dog on a beach", "expansion": {"method": "generator", "n": 8},
+                                            "consistency": {"auto": 6, "method": "llm"}})
+        assert within.status_code == 200, within.text
+        assert 0 < len(handler.calls) <= 24
+        # and a client address that has spent its calls of the minute waits: 429, nothing called
+        from paraseek.service.llm_budget import ClientBudget
+
+        c.app.state.engine.llm_budget = ClientBudget(per_minute=20)
+        calls = len(handler.calls)
+        assert c.post("/v1/search", json={"query": "a cat", "expansion": {"method": "llm", "n": 3}}).status_code == 200
+        spent = c.post("/v1/search", json={"query": "a bus", "expansion": {"method": "generator", "n": 12}})
+        assert spent.status_code == 429 and spent.json()["detail"][0]["loc"] == ["body", "expansion", "n"]
+        assert "retry in" in spent.json()["detail"][0]["msg"] and len(handler.calls) <= calls + 5
