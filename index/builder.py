@@ -44,7 +44,6 @@ from paraseek.index.unchanged_images import (
     KnownVectors,
     Reused,
     content_digest,
-    stream_digest,
     file_stamp,
     inputs_digest,
     recorded_bytes_unchanged,
@@ -52,6 +51,7 @@ from paraseek.index.unchanged_images import (
     skipped_digest,
     source_digests,
     source_stamps,
+    stream_digest,
 )
 from paraseek.index.vector_sources import VectorSource, iter_shards, open_vector_source
 from paraseek.index.versions import BuildError, BundleRef, SnapshotError, SnapshotManifest, VersionDraft
