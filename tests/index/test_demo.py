@@ -1,5 +1,7 @@
 """The demo gallery's shipped vectors: what the first start indexes instead of encoding the photos."""
 
+from pathlib import Path
+
 import numpy as np
 
 from paraseek.core.encoder import Encoder
@@ -13,6 +15,13 @@ def test_the_shipped_demo_vectors_are_the_starters_and_index_the_gallery_unencod
     and a demo build takes them all: nothing encoded, the same index as a build that encodes every photo."""
     shipped = shipped_demo_vectors()
     encoder = Encoder(embedded_starters / "starter-robust")
+    # the tower id follows the weights' bytes: no source path of the checkout that exported them may be in them
+    # (the exporter's stack traces named it, so every install path had another id and encoded the gallery again)
+    import paraseek
+
+    checkout = str(Path(paraseek.__file__).resolve().parent.parent).encode()
+    for onnx_file in (embedded_starters / "starter-robust").glob("*.onnx"):
+        assert checkout not in onnx_file.read_bytes(), onnx_file.name
     assert shipped is not None and shipped.tower_id == encoder.image_tower_id, "run python -m paraseek.index.demo BUNDLE"
     assert Encoder(embedded_starters / "starter").image_tower_id == shipped.tower_id
     fresh = demo_vectors(encoder, tmp_path / "encoded")

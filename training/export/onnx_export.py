@@ -54,7 +54,25 @@ def export_onnx(
             external_data=False,
             verbose=False,
         )
+    _strip_source_locations(path)
     return path
+
+
+def _strip_source_locations(path: Path) -> None:
+    """Drop what the exporter records of the Python source (stack traces with absolute file paths, module
+    scopes) from every node: the file's bytes, and the digests that key vectors by them (the image tower id),
+    then depend only on the model, not on where paraseek is installed."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graphs = [model.graph, *(f for f in model.functions)]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            node.doc_string = ""
+            del node.metadata_props[:]
+            graphs.extend(attr.g for attr in node.attribute if attr.HasField("g"))
+    onnx.save(model, str(path))
 
 
 def max_abs_diff(a, b) -> float:
