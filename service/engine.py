@@ -33,14 +33,12 @@ from paraseek.index.store import IndexUnavailable, SearchableSnapshot, SearchVie
 from paraseek.index.versions import SnapshotError, SnapshotManifest
 from paraseek.paraphrase.caption_bank import CaptionBankError
 from paraseek.paraphrase.expansions import EXPANSIONS, HubCorrection
-from paraseek.paraphrase.factory import source_configured
-from paraseek.paraphrase.llm import endpoint_calls
 from paraseek.service.batcher import ContinuousBatcher, LoneCallGate, Overloaded, RecentPeak, encode_texts, search_rows
 from paraseek.service.cache import Cache, params_key
 from paraseek.service.embedding import cached_texts
 from paraseek.service.errors import RequestError, StaleSwap
 from paraseek.service.expansion_sources import BatchedLookups, ExpansionSources
-from paraseek.service.llm_budget import ClientBudget
+from paraseek.service.llm_budget import LLM_CALLS_PER_CLIENT_MINUTE, ClientBudget, check_endpoint_calls
 from paraseek.service.logging_config import client_address
 from paraseek.service.prometheus import ServiceMetrics
 from paraseek.service.query_plan import (
@@ -78,8 +76,6 @@ FIRST_ANSWER_POLL_S = 1.0  # how often a first start's server looks for the firs
 # an encoder call of at most this many texts runs on every core when its request is the only one in
 # flight: it carries 1 text, or 4 with a consistency report
 SOLO_MAX_TEXTS = 4
-LLM_CALLS_PER_REQUEST = 24  # e.g. a generator expansion of 8 and an llm consistency report of 6
-LLM_CALLS_PER_CLIENT_MINUTE = 120  # five such requests a minute from one address
 
 
 def counted(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -754,31 +750,9 @@ class SearchEngine:
         for i, term in enumerate(req.terms or []):
             yield f"terms.{i}.text", term.text
 
-    def _check_endpoint_calls(self, req: SearchRequest) -> None:
-        """At most ``LLM_CALLS_PER_REQUEST`` LLM endpoint calls a request (its expansion and its consistency
-        report's paraphrases together), and ``LLM_CALLS_PER_CLIENT_MINUTE`` a client address, refused
-        before the first: one request, or one client, cannot spend the endpoint's time or quota."""
-        method = rewrite_expansion(req)
-        asked = []  # (field, calls) of the sources configured: an unconfigured one is refused (400) without a call
-        if method is not None and req.expansion is not None and source_configured(method.source, self.settings):
-            asked.append(("expansion.n", endpoint_calls(method.source, req.expansion.n)))
-        c = req.consistency
-        if c is not None and c.auto is not None and source_configured(c.method, self.settings):
-            asked.append(("consistency.auto", endpoint_calls(c.method, c.auto)))
-        total = sum(calls for _, calls in asked)
-        if total > LLM_CALLS_PER_REQUEST:
-            field = max(asked, key=lambda pair: pair[1])[0]
-            raise RequestError(field, f"the request would take up to {total} LLM endpoint calls, more than the "
-                                      f"{LLM_CALLS_PER_REQUEST} a request may: ask for fewer paraphrases")
-        wait = self.llm_budget.take(client_address.get() or "", total) if total else None
-        if wait is not None:
-            field = max(asked, key=lambda pair: pair[1])[0]
-            raise RequestError(field, f"this client's LLM endpoint calls are spent ({LLM_CALLS_PER_CLIENT_MINUTE} a "
-                                      f"minute): retry in {wait:.0f} s", status=429)
-
     async def _texts(self, req: SearchRequest) -> QueryTexts:
         """Stage 1: every text of the request, generated ones included."""
-        self._check_endpoint_calls(req)
+        check_endpoint_calls(req, self.settings, self.llm_budget, client_address.get() or "")
         expansions: list[str] = []
         method = rewrite_expansion(req)
         if method is not None and req.expansion is not None:

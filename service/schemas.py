@@ -445,7 +445,6 @@ def error_responses(*statuses: int) -> dict:
         404: "not found (an image id, a model name, or admin routes disabled)", 409: "the bundle does not fit the serving snapshot",
         413: "request body too large, or an image with more pixels than allowed",
         408: "the request body stopped arriving", 415: "unsupported content type", 422: "invalid field (``loc`` names it)",
-        429: "this client's LLM endpoint calls of the minute are spent (the message says when to retry)",
-        502: "a paraphrase source failed", 503: "not ready: no model or index loaded",
+        429: "this client's LLM endpoint calls of the minute are spent", 502: "a paraphrase source failed", 503: "not ready, or overloaded",
     }
     return {s: {"model": ErrorResponse, "description": text[s]} for s in statuses}
